@@ -1,0 +1,134 @@
+"""The event contract: one immutable :class:`Event` per change, and its JSON encoding.
+
+This module is a leaf (stdlib and orjson only); every process imports it.
+The contract itself is documented in ``docs/events.md``.
+
+Values inside ``item``, ``before`` and ``pk`` are already mapped to their JSON form by the
+decoder that built the event (NUMERIC as an exact string, bytea as base64, ...).  The one
+exception is numbers inside json/jsonb/JSON columns: they are kept as :class:`decimal.Decimal`
+so that ``12345678901234567890.000000001`` survives, and the encoder writes them as bare JSON
+numbers with exactly the stored digits.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+import orjson
+
+EVENT_TYPES = ("insert", "update", "delete", "truncate", "message", "schema", "gap")
+
+# Field order of the JSON object, as documented in docs/events.md.
+_BASE_FIELDS = ("id", "type", "backend", "schema", "table", "pk", "item", "before",
+                "position", "txid", "ts")
+_OPTIONAL_FIELDS = ("unchanged", "update", "prefix", "content", "transactional")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One change.  Frozen: assigning to a field raises ``FrozenInstanceError``.
+
+    ``id`` is deterministic (backend, source position, index inside the transaction), so a
+    replayed change carries the same id.
+    """
+
+    id: str
+    type: str
+    backend: str
+    schema: Optional[str]
+    table: Optional[str]
+    pk: Optional[Mapping[str, Any]]
+    item: Optional[Mapping[str, Any]]
+    before: Optional[Mapping[str, Any]]
+    position: str
+    txid: Optional[str]
+    ts: Optional[str]
+    unchanged: Optional[Sequence[str]] = None
+    update: Optional[Mapping[str, Any]] = None
+    prefix: Optional[str] = None
+    content: Optional[str] = None
+    transactional: Optional[bool] = None
+
+    def to_dict(self) -> dict:
+        """The JSON object of this event, in documented field order, optional fields omitted."""
+        out = {name: getattr(self, name) for name in _BASE_FIELDS}
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def _default(value: Any) -> Any:
+    """orjson hook for the few Python types that can still appear inside event values."""
+    if isinstance(value, decimal.Decimal):
+        # Numbers from json/jsonb keep their exact digits (never through float).
+        if value.is_finite():
+            return orjson.Fragment(str(value))
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, _dt.timedelta):
+        return str(value)
+    raise TypeError(f"cannot encode {type(value).__name__} in an event")
+
+
+def encode(event: Event) -> bytes:
+    """The event as one line of UTF-8 JSON, without the trailing newline."""
+    return orjson.dumps(event.to_dict(), default=_default)
+
+
+def encode_value(value: Any) -> bytes:
+    """Encode any mapped value (used by tests and sinks that need a single field)."""
+    return orjson.dumps(value, default=_default)
+
+
+def decode(data: bytes | str) -> dict:
+    """Parse an encoded event back into a dict (numbers as Python int/float)."""
+    return orjson.loads(data)
+
+
+class Record(NamedTuple):
+    """An event as it travels from a worker to the sinks: encoded once, plus routing fields.
+
+    Sinks know only this and the sink interface.  ``key`` holds the primary-key values in key
+    order, already rendered as text (``None`` when the table has no key); a NATS sink turns
+    them into subject tokens.
+    """
+
+    id: str
+    type: str
+    schema: Optional[str]
+    table: Optional[str]
+    key: Optional[tuple]
+    position: str
+    data: bytes
+
+
+def key_values(pk: Optional[Mapping[str, Any]]) -> Optional[tuple]:
+    """Primary-key values in key order, each as the text a subject token is made from."""
+    if not pk:
+        return None
+    out = []
+    for value in pk.values():
+        if isinstance(value, str):
+            out.append(value)
+        elif value is None:
+            out.append("")
+        else:
+            out.append(encode_value(value).decode("utf-8"))
+    return tuple(out)
+
+
+def to_record(event: Event) -> Record:
+    """Encode an event once for transport to the sinks."""
+    return Record(event.id, event.type, event.schema, event.table, key_values(event.pk),
+                  event.position, encode(event))

@@ -1,0 +1,49 @@
+"""Include/exclude globs on table names.
+
+A pattern without a dot matches the bare table name (``sessions``, ``audit_*``); a pattern with
+a dot matches ``schema.table`` (``public.audit_*``, ``crm.*``).  A table is streamed when it
+matches no exclude pattern and, if any include patterns are given, at least one of them.
+Runs in the worker process; results are cached per table, so the glob cost is paid once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Dict, Iterable, Tuple
+
+
+def _compile(patterns: Iterable[str]) -> Tuple[Tuple[bool, "re.Pattern[str]"], ...]:
+    return tuple(("." in p, re.compile(fnmatch.translate(p))) for p in patterns)
+
+
+class TableFilter:
+    """Decides whether changes to ``schema.table`` are streamed."""
+
+    def __init__(self, include: Iterable[str] = (), exclude: Iterable[str] = ()):
+        self._include = _compile(include)
+        self._exclude = _compile(exclude)
+        self._cache: Dict[Tuple[str, str], bool] = {}
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when every table passes (no patterns at all)."""
+        return not self._include and not self._exclude
+
+    def allows(self, schema: str, table: str) -> bool:
+        key = (schema, table)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._decide(schema, table)
+            self._cache[key] = hit
+        return hit
+
+    def _decide(self, schema: str, table: str) -> bool:
+        qualified = f"{schema}.{table}"
+
+        def matches(rules) -> bool:
+            return any(rx.match(qualified if dotted else table) for dotted, rx in rules)
+
+        if matches(self._exclude):
+            return False
+        return not self._include or matches(self._include)

@@ -1,0 +1,53 @@
+"""The sink (plugin) interface.
+
+Sinks run in the dispatcher process, inside its asyncio loop.  They know only
+:class:`lapidus.events.Record` and this interface.  Built-in and third-party sinks are found the
+same way: through the ``lapidus.plugins`` entry-point group (see :mod:`lapidus.sinks.registry`).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Mapping, Sequence
+
+from ..events import Record
+
+
+class SinkError(Exception):
+    """A sink could not deliver; the dispatcher retries the same batch with backoff."""
+
+
+class OutputClosed(Exception):
+    """The sink's consumer went away for good (stdout closed by ``head``): stop cleanly."""
+
+
+class Sink(abc.ABC):
+    """Delivers batches of records for one backend (or for all, when ``shared`` is true).
+
+    Contract: :meth:`send` returns only once every record of the batch is confirmed by the
+    destination (written and flushed, acknowledged by JetStream ...).  Returning is the
+    confirmation that lets the worker advance its checkpoint; raising means nothing in the batch
+    counts as delivered and the same batch will be sent again.
+    """
+
+    #: one instance serves every backend (stdout) instead of one per backend (nats)
+    shared: bool = False
+
+    def __init__(self, options: Mapping[str, Any], backend: str):
+        self.options = dict(options)
+        self.backend = backend
+
+    @classmethod
+    def validate(cls, options: Mapping[str, Any]) -> list:
+        """Problems with ``options`` as ``(key, message)`` pairs; empty when valid."""
+        return []
+
+    async def start(self) -> None:
+        """Connect.  Called once before the first batch."""
+
+    @abc.abstractmethod
+    async def send(self, records: Sequence[Record]) -> None:
+        """Deliver ``records`` in order and return once they are confirmed."""
+
+    async def close(self) -> None:
+        """Flush and disconnect."""

@@ -1,0 +1,78 @@
+"""The source interface every backend worker implements.
+
+A *source* runs in its worker process, after fork: it connects to one database, checks the
+server's settings, and hands out batches of events in commit order together with the
+checkpoint that becomes true once those events are delivered.  The generic worker loop
+(:mod:`lapidus.workers.runner`) ships the batches to the dispatcher, waits for the sinks'
+confirmation and only then calls :meth:`Source.commit` and saves the checkpoint.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from ..events import Event
+
+
+class BackendError(Exception):
+    """A problem with a backend, phrased for the operator: the thing, the reason, the fix.
+
+    ``fatal=True`` means retrying cannot help (bad configuration, wrong password, missing
+    server setting): the supervisor marks the backend FATAL instead of restarting it in a
+    loop.  ``fatal=False`` is transient (server down, connection dropped): restart with backoff.
+    """
+
+    def __init__(self, message: str, *, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
+
+
+@dataclass
+class Batch:
+    """Events read from the source, in commit order.
+
+    ``checkpoint`` is a JSON-serialisable value that is safe to persist once every event in
+    this batch (and all earlier batches) has been confirmed by the sinks.  A batch may carry no
+    events but a new checkpoint (for example after skipping filtered rows).
+    """
+
+    events: List[Event] = field(default_factory=list)
+    checkpoint: Any = None
+
+
+class Source(abc.ABC):
+    """One backend's change stream.  Runs in the worker process."""
+
+    def __init__(self, backend, state_dir, log):
+        self.backend = backend          # lapidus.config.BackendConfig
+        self.state_dir = state_dir      # pathlib.Path private to this backend
+        self.log = log                  # structlog logger bound to the backend name
+
+    @abc.abstractmethod
+    def open(self, checkpoint: Optional[Any]) -> None:
+        """Connect, check the server and position the stream after ``checkpoint``.
+
+        ``checkpoint`` is the last value saved from a delivered :class:`Batch`, or ``None`` on
+        the first start.  Raises :class:`BackendError` with a clear message on failure.
+        """
+
+    @abc.abstractmethod
+    def read(self, max_events: int, timeout: float) -> Batch:
+        """Return the next events (at most ``max_events``), waiting at most ``timeout`` seconds
+        for the first one.  Returns an empty batch when nothing arrived in time; never waits
+        for a batch to fill once it has an event (no added latency)."""
+
+    def commit(self, checkpoint: Any) -> None:
+        """Called, in order, once everything up to ``checkpoint`` is delivered and saved.
+
+        Sources use it to release resources (PostgreSQL deletes spool segments)."""
+
+    def status(self) -> dict:
+        """Extra fields for ``lapidusctl status`` (lag, source position ...)."""
+        return {}
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and child processes.  Must be safe to call twice."""
