@@ -1,0 +1,56 @@
+# Lapidus developer and CI entry points. `make` alone lists the targets.
+#
+# Variables:
+#   PYTHON       interpreter that creates the virtualenv (default: python3)
+#   PYTEST_ARGS  extra pytest arguments, e.g. make test PYTEST_ARGS='-k checkpoint -x'
+
+PYTHON      ?= python3
+PYTEST_ARGS ?=
+VENV        := .venv
+# Touched after a successful install: pip runs again only when pyproject.toml is newer,
+# so a repeated `make test` spends no time in pip.
+VENV_STAMP  := $(VENV)/.lapidus-installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup venv test demo check-config clean
+
+help:
+	@echo 'Lapidus make targets:'
+	@echo '  setup         configure the local PostgreSQL, MariaDB and NATS for CDC (scripts/setup-local; root)'
+	@echo '  venv          create $(VENV) and install lapidus[dev] into it (again only when pyproject.toml changes)'
+	@echo '  test          setup + venv, then run pytest (extra arguments: PYTEST_ARGS=...)'
+	@echo '  demo          setup + venv, then stream the local PostgreSQL to stdout (lapidus demo)'
+	@echo '  check-config  validate conf/lapidus.toml (lapidus -t)'
+	@echo '  clean         remove $(VENV), build output and caches'
+
+# Run through bash so a lost executable bit (a copy, an odd checkout) cannot break CI.
+# PYTHON goes along so setup-local checks that the interpreter `make venv` uses can make a venv.
+setup:
+	PYTHON='$(PYTHON)' bash scripts/setup-local
+
+venv: $(VENV_STAMP)
+
+# The venv's interpreter marks that it exists: an existing venv is never recreated, only
+# brought up to date by the stamp rule below.
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# setup before venv: with `make -j` the two could run side by side, but pip does not need
+# the servers and setup-local does not need the venv, so either order is correct.
+test: setup venv
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+demo: setup venv
+	$(VENV)/bin/lapidus demo
+
+check-config: venv
+	$(VENV)/bin/lapidus -t -c conf/lapidus.toml
+
+# Leaves the servers' configuration alone: undoing it would only cost restarts later.
+clean:
+	rm -rf $(VENV) build dist .pytest_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,7 @@
+"""``python -m lapidus`` is the ``lapidus`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

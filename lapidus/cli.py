@@ -1,0 +1,82 @@
+"""The ``lapidus`` command.
+
+Runs in the supervisor process, before anything is forked.  Exit codes (CONFIG.md): 0 success,
+1 runtime failure, 2 invalid configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from . import __version__, logs
+from .config import ConfigError, load_config
+from .sinks import registry
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lapidus",
+        description="Stream every insert, update and delete from PostgreSQL, MySQL/MariaDB and "
+                    "MongoDB to NATS, stdout and other sinks.",
+        epilog="Commands: 'lapidus demo' streams a demo table of the local PostgreSQL to stdout.")
+    parser.add_argument("command", nargs="?", choices=["run", "demo"], default="run",
+                        help="run (default) or demo")
+    parser.add_argument("-c", "--config", metavar="PATH",
+                        help="configuration file (default: ./lapidus.toml, then ./lapidus.json)")
+    parser.add_argument("-t", "--test", action="store_true",
+                        help="check the configuration, print what would run, and exit (0 or 2)")
+    parser.add_argument("--stdout", action="store_true",
+                        help="also write every event to standard output as JSON lines")
+    parser.add_argument("--version", action="version", version=f"lapidus {__version__}")
+    demo = parser.add_argument_group("demo options")
+    demo.add_argument("--dsn", default="host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+                      help="libpq connection string of the PostgreSQL to use for the demo")
+    return parser
+
+
+def load(path: Optional[str], add_stdout: bool):
+    """Load and validate, with plugin options checked by the plugins themselves."""
+    config = load_config(path, plugin_validators=registry.validators())
+    if add_stdout:
+        config = config.with_plugin("stdout", {})
+    return config
+
+
+def print_problems(error: ConfigError) -> None:
+    print(f"lapidus: invalid configuration ({len(error.problems)} "
+          f"problem{'s' if len(error.problems) != 1 else ''}):", file=sys.stderr)
+    for problem in error.problems:
+        print(f"  - {problem}", file=sys.stderr)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+        return run_demo(args.dsn)
+    try:
+        config = load(args.config, args.stdout)
+    except ConfigError as exc:
+        print_problems(exc)
+        return EXIT_USAGE
+    if args.test:
+        print(json.dumps(config.redacted(), indent=2, default=str))
+        print(f"lapidus: configuration {config.source} is valid "
+              f"({len(config.backends)} backend(s))", file=sys.stderr)
+        return EXIT_OK
+    logs.configure(config.log.format, config.log.level, process="supervisor")
+    from .supervisor.arbiter import AlreadyRunning, Arbiter
+    try:
+        return Arbiter(config).run()
+    except AlreadyRunning as exc:
+        print(f"lapidus: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Process helpers shared by the supervisor and the workers (no imports from either).
+
+* :func:`die_with_parent` makes the kernel kill a child when its parent dies, so a
+  ``kill -9`` of the supervisor never leaves a worker or a ``pg_recvlogical`` holding a slot.
+* :func:`kill_tree` stops a process and all its descendants: TERM, a grace period, then KILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+from typing import Optional
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+
+_libc = None
+
+
+def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits.
+
+    Call it in the child right after fork.  If the parent already died between fork and this
+    call (the classic race), exit at once.
+    """
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(1)
+
+
+def kill_tree(pid: int, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to ``pid`` and its descendants, wait ``grace`` seconds, then SIGKILL."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = [parent]
+    try:
+        procs += parent.children(recursive=True)
+    except psutil.NoSuchProcess:
+        pass
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)

@@ -1,0 +1,40 @@
+"""The stdout sink: line-delimited JSON, one event per line, flushed per batch.
+
+Runs in the dispatcher process.  One instance serves every backend so lines never interleave.
+A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
+cleanly, and the batch that could not be written is not confirmed, so its position is not saved.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Sequence
+
+from ..events import Record
+from .base import OutputClosed, Sink
+
+
+class StdoutSink(Sink):
+    shared = True
+
+    def __init__(self, options, backend):
+        super().__init__(options, backend)
+        self.fd = int(self.options.get("fd", 1))
+
+    @classmethod
+    def validate(cls, options):
+        unknown = set(options) - {"fd"}
+        return [(key, "unknown option for the stdout plugin") for key in sorted(unknown)]
+
+    async def send(self, records: Sequence[Record]) -> None:
+        data = b"\n".join([r.data for r in records]) + b"\n"
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EBADF):
+                raise OutputClosed("standard output was closed") from None
+            raise

@@ -1,0 +1,227 @@
+"""The supervisor's main loop (the arbiter).
+
+Runs in the ``lapidus`` process.  It forks the dispatcher and one worker per enabled backend,
+then loops: wait for a child message or a signal (with a timeout), handle queued signals, reap
+dead children and decide (restart after backoff, or FATAL), start what is due.  Signal handlers
+only queue the signal; all work, logging included, happens in the loop.
+
+Shutdown (SIGTERM/SIGINT): workers first (they stop reading, wait for their last batches to be
+confirmed and save their checkpoints), then the dispatcher; anything still alive after the stop
+timeout is killed with its whole process tree.  Exit 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .. import logs
+from ..workers.runner import worker_main
+from .backoff import RestartPolicy
+from .dispatcher import EXIT_OUTPUT_CLOSED, dispatcher_main
+from .handles import ChildHandle
+from .states import State
+
+TICK = 0.5
+
+
+class AlreadyRunning(Exception):
+    """Another supervisor holds this state directory."""
+
+
+class Arbiter:
+    def __init__(self, config):
+        self.config = config
+        self.log = logs.get_logger(process="supervisor")
+        self.ctx = multiprocessing.get_context("fork")
+        self.signals: List[int] = []
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.exit_code = 0
+        self.socket_dir = tempfile.mkdtemp(prefix="lapidus-")
+        self.socket_path = os.path.join(self.socket_dir, "dispatch.sock")
+        sup = config.supervisor
+        self.workers: Dict[str, ChildHandle] = {}
+        for backend in config.backends:
+            if not backend.options.get("enabled", True):
+                continue
+            policy = RestartPolicy(sup.max_restarts, sup.restart_window, sup.backoff_initial,
+                                   sup.backoff_max)
+            self.workers[backend.name] = ChildHandle(
+                backend.name, policy, self.log.bind(backend=backend.name))
+        self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
+            10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
+        self.backends = {b.name: b for b in config.backends}
+        self._lock_fd: Optional[int] = None
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _queue_signal(self, signum, _frame) -> None:
+        self.signals.append(signum)
+
+    def _install_signals(self) -> int:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._queue_signal)
+        return read_fd
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.begin_stop(f"received {signal.Signals(signum).name}")
+            elif signum == signal.SIGHUP:
+                self.log.warning("SIGHUP: configuration reload is not supported yet; ignoring")
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _lock_state_dir(self) -> None:
+        state_dir = Path(self.config.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(state_dir / "lapidus.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AlreadyRunning(
+                f"another lapidus is already running with state_dir {state_dir}; stop it first "
+                f"or give this configuration its own state_dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def run(self) -> int:
+        self._lock_state_dir()
+        wakeup = self._install_signals()
+        self.log.info("lapidus starting", backends=list(self.workers), pid=os.getpid())
+        self._spawn_dispatcher()
+        for handle in self.workers.values():
+            self._spawn_worker(handle)
+        try:
+            while True:
+                self._wait(wakeup)
+                self._handle_signals()
+                self._reap()
+                if self.stopping:
+                    if self._stop_progress():
+                        break
+                    continue
+                self._start_due()
+                if self.workers and all(h.state == State.FATAL for h in self.workers.values()):
+                    self.log.error("every backend is FATAL; exiting")
+                    self.exit_code = 1
+                    self.begin_stop("no backend left")
+        finally:
+            for handle in list(self.workers.values()) + [self.dispatcher]:
+                handle.kill()
+            try:
+                os.unlink(self.socket_path)
+                os.rmdir(self.socket_dir)
+            except OSError:
+                pass
+        self.log.info("lapidus stopped", exit_code=self.exit_code)
+        return self.exit_code
+
+    def _wait(self, wakeup: int) -> None:
+        conns = [h.conn for h in self.workers.values() if h.conn is not None]
+        timeout = TICK
+        due = [h.next_start for h in self.workers.values() if h.state == State.BACKOFF]
+        if due:
+            timeout = max(0.0, min(timeout, min(due) - time.monotonic()))
+        ready = multiprocessing.connection.wait(conns + [wakeup], timeout)
+        for item in ready:
+            if item == wakeup:
+                try:
+                    while os.read(wakeup, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+        for handle in self.workers.values():
+            if handle.conn is not None and handle.conn in ready:
+                handle.receive()
+
+    def _spawn_worker(self, handle: ChildHandle) -> None:
+        backend = self.backends[handle.name]
+        state_dir = str(Path(self.config.state_dir) / backend.name)
+        handle.spawn(self.ctx, worker_main, (
+            backend, state_dir, self.socket_path, self.config.log.format,
+            self.config.log.level, os.getpid()))
+
+    def _spawn_dispatcher(self) -> None:
+        self.dispatcher.spawn(self.ctx, dispatcher_main,
+                              (self.config, self.socket_path, os.getpid()), with_pipe=False)
+        self.dispatcher.state = State.RUNNING
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for handle in self.workers.values():
+            code = handle.exited()
+            if code is not None:
+                handle.on_exit(code, now)
+        code = self.dispatcher.exited()
+        if code is not None:
+            self.dispatcher.process = None
+            if code == EXIT_OUTPUT_CLOSED:
+                self.log.info("output closed; stopping")
+                self.begin_stop("output closed")
+            elif self.stopping:
+                self.dispatcher.state = State.STOPPED
+            else:
+                # Its workers lose their connection and restart from their checkpoints.
+                self.log.error("dispatcher died; restarting it", exit_code=code)
+                self.dispatcher.restarts += 1
+                self._spawn_dispatcher()
+
+    def _start_due(self) -> None:
+        now = time.monotonic()
+        for handle in self.workers.values():
+            if handle.state == State.BACKOFF and now >= handle.next_start:
+                # BACKOFF -> STARTING
+                self._spawn_worker(handle)
+
+    def begin_stop(self, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + float(self.config.supervisor.stop_timeout) - 1.5
+        self.log.info("stopping", reason=reason)
+        for handle in self.workers.values():
+            handle.stop()
+
+    def _stop_progress(self) -> bool:
+        """True once everything has exited.  Workers first, then the dispatcher."""
+        now = time.monotonic()
+        alive = [h for h in self.workers.values() if h.process is not None]
+        if alive and now < self.stop_deadline:
+            return False
+        for handle in alive:
+            self.log.warning("did not stop in time; killing", pid=handle.pid)
+            handle.kill()
+            handle.on_exit(-9, now)
+        if self.dispatcher.process is not None:
+            if self.dispatcher.state != State.STOPPING:
+                self.dispatcher.stop()
+                self.dispatcher_deadline = now + 1.0
+                return False
+            if now < self.dispatcher_deadline:
+                return False
+            self.dispatcher.kill()
+            self.dispatcher.process = None
+        return True
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {"pid": os.getpid(),
+                "backends": [h.snapshot() for h in self.workers.values()],
+                "dispatcher": self.dispatcher.snapshot()}

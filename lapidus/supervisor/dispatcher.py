@@ -1,0 +1,179 @@
+"""The dispatcher process: receives encoded batches from the workers and delivers them to sinks.
+
+Runs in its own process (forked by the supervisor) around one asyncio loop.  Per backend there is
+one pipeline task that takes that backend's batches in order, hands each batch to every sink of
+the backend, and acknowledges the batch to the worker only when all of them confirmed it.  A sink
+that fails is retried with backoff, without dropping or reordering anything; it holds back its
+own backend only, never the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from typing import Dict, List, Optional
+
+from .. import logs
+from ..procutil import die_with_parent
+from ..sinks import registry
+from ..sinks.base import OutputClosed, Sink
+from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
+
+EXIT_OUTPUT_CLOSED = 4   # a sink's consumer went away for good: the supervisor stops cleanly
+RETRY_MAX = 10.0
+
+
+class Pipeline:
+    """One backend's ordered delivery: batches in, acks out."""
+
+    def __init__(self, backend: str, sinks: List[Sink], log):
+        self.backend = backend
+        self.sinks = sinks
+        self.log = log
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.writer: Optional[asyncio.StreamWriter] = None
+        self.generation = 0
+        self.delivered = 0
+
+    def attach(self, writer: asyncio.StreamWriter) -> int:
+        """A (re)connected worker: batches of older connections are no longer wanted."""
+        self.generation += 1
+        self.writer = writer
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        return self.generation
+
+    async def run(self) -> None:
+        while True:
+            generation, seq, records = await self.queue.get()
+            if generation != self.generation:
+                continue  # its worker died; the restarted worker sends it again
+            await asyncio.gather(*(self._deliver(sink, records) for sink in self.sinks))
+            self.delivered += len(records)
+            if generation == self.generation and self.writer and not self.writer.is_closing():
+                self.writer.write(pack(ACK, seq))
+
+    async def _deliver(self, sink: Sink, records) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await sink.send(records)
+                return
+            except OutputClosed:
+                raise
+            except Exception as exc:
+                self.log.warning("sink failed; retrying the same batch", sink=type(sink).__name__,
+                                 error=str(exc), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX, delay * 2) * (0.8 + random.random() * 0.4)
+
+
+class Dispatcher:
+    def __init__(self, config, socket_path: str, log):
+        self.config = config
+        self.socket_path = socket_path
+        self.log = log
+        self.pipelines: Dict[str, Pipeline] = {}
+        self.shared: Dict[str, Sink] = {}
+        self.tasks: List[asyncio.Task] = []
+        self.failed: Optional[BaseException] = None
+        self.stopping = asyncio.Event()
+
+    async def _sink(self, name: str, options: dict, backend: str) -> Sink:
+        cls = registry.load(name)
+        if cls.shared:
+            if name not in self.shared:
+                sink = cls(options, "*")
+                await sink.start()
+                self.shared[name] = sink
+            return self.shared[name]
+        sink = cls(options, backend)
+        await sink.start()
+        return sink
+
+    async def pipeline_for(self, backend_name: str) -> Pipeline:
+        pipeline = self.pipelines.get(backend_name)
+        if pipeline is None:
+            backend = next(b for b in self.config.backends if b.name == backend_name)
+            plugins = self.config.plugins_for(backend)
+            sinks = [await self._sink(n, o, backend_name) for n, o in plugins.items()]
+            pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name))
+            self.pipelines[backend_name] = pipeline
+            task = asyncio.create_task(pipeline.run())
+            task.add_done_callback(self._pipeline_done)
+            self.tasks.append(task)
+        return pipeline
+
+    def _pipeline_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.failed = exc
+            self.stopping.set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        buffer = bytearray()
+        pipeline = None
+        generation = 0
+        try:
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    return
+                buffer += data
+                if len(buffer) < HEADER.size:
+                    continue
+                frames, used = unpack_from(buffer)
+                del buffer[:used]
+                for kind, payload in frames:
+                    if kind == HELLO:
+                        pipeline = await self.pipeline_for(payload["backend"])
+                        generation = pipeline.attach(writer)
+                    elif kind == BATCH and pipeline is not None:
+                        seq, records = payload
+                        pipeline.queue.put_nowait((generation, seq, records))
+        finally:
+            writer.close()
+
+    async def serve(self) -> int:
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        server = await asyncio.start_unix_server(self.handle, path=self.socket_path)
+        os.chmod(self.socket_path, 0o600)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
+        self.log.info("dispatcher listening")
+        await self.stopping.wait()
+        server.close()
+        for task in self.tasks:
+            task.cancel()
+        for sink in list(self.shared.values()) + [s for p in self.pipelines.values()
+                                                  for s in p.sinks if not s.shared]:
+            try:
+                await sink.close()
+            except Exception as exc:
+                self.log.warning("error while closing a sink", error=str(exc))
+        if isinstance(self.failed, OutputClosed):
+            self.log.info("output closed; stopping")
+            return EXIT_OUTPUT_CLOSED
+        if self.failed is not None:
+            self.log.error("dispatcher failed", error=repr(self.failed))
+            return 1
+        return 0
+
+
+def dispatcher_main(config, socket_path: str, parent_pid: int) -> None:
+    """Entry point of the dispatcher process (target of multiprocessing.Process)."""
+    die_with_parent(signal.SIGKILL, parent_pid)
+    logs.configure(config.log.format, config.log.level, process="dispatcher")
+    dispatcher = Dispatcher(config, socket_path, logs.get_logger())
+    code = asyncio.run(dispatcher.serve())
+    sys.stdout.flush()
+    os._exit(code)

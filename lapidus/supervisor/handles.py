@@ -1,0 +1,146 @@
+"""One supervised child process (a backend worker or the dispatcher) and its state.
+
+Runs in the supervisor process.  A handle owns the multiprocessing.Process, the pipe on which
+the child reports (ready, stats, errors), the restart policy and what ``lapidusctl status`` shows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+import psutil
+
+from ..procutil import kill_tree
+from .backoff import RestartPolicy
+from .states import EXIT_FATAL, EXIT_OK, State
+
+
+class ChildHandle:
+    def __init__(self, name: str, policy: RestartPolicy, log):
+        self.name = name
+        self.policy = policy
+        self.log = log
+        self.state = State.STOPPED
+        self.process = None
+        self.conn = None
+        self.started_at: Optional[float] = None
+        self.next_start: float = 0.0
+        self.restarts = 0
+        self.last_error: Optional[str] = None
+        self.fatal_reported = False
+        self.info: Dict[str, Any] = {}
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.process.pid if self.process is not None else None
+
+    def spawn(self, ctx, target: Callable, args: tuple, with_pipe: bool = True) -> None:
+        """STOPPED/BACKOFF -> STARTING."""
+        child_conn = None
+        if with_pipe:
+            self.conn, child_conn = ctx.Pipe(duplex=False)
+            args = args + (child_conn,)
+        self.process = ctx.Process(target=target, args=args, name=f"lapidus:{self.name}",
+                                   daemon=False)
+        self.process.start()
+        if child_conn is not None:
+            child_conn.close()   # the child holds its own copy
+        self.started_at = time.monotonic()
+        self.fatal_reported = False
+        self.state = State.STARTING
+        self.log.info("started", pid=self.process.pid)
+
+    def receive(self) -> None:
+        """Read every message the child sent (called when its pipe is readable)."""
+        while self.conn is not None:
+            try:
+                if not self.conn.poll():
+                    return
+                kind, fields = self.conn.recv()
+            except (EOFError, OSError):
+                self.conn.close()
+                self.conn = None
+                return
+            if kind == "ready":
+                if self.state == State.STARTING:
+                    # STARTING -> RUNNING: connected and positioned, not merely alive
+                    self.state = State.RUNNING
+                    self.log.info("running", **fields)
+                self.info.update(fields)
+            elif kind == "stats":
+                self.info.update(fields)
+            elif kind == "error":
+                self.last_error = fields.get("message")
+                self.fatal_reported = bool(fields.get("fatal"))
+
+    def exited(self) -> Optional[int]:
+        """The exit code once the process ended (and is reaped), else None."""
+        if self.process is None or self.process.is_alive():
+            return None
+        return self.process.exitcode
+
+    def on_exit(self, code: int, now: float) -> None:
+        """Decide what a death means: stopped, restart after backoff, or FATAL."""
+        self.receive()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self.process = None
+        if self.state == State.STOPPING:
+            # STOPPING -> STOPPED
+            self.state = State.STOPPED
+            self.log.info("stopped", exit_code=code)
+            return
+        if code == EXIT_FATAL or self.fatal_reported:
+            # STARTING/RUNNING -> FATAL: retrying cannot help (configuration, credentials ...)
+            self.state = State.FATAL
+            self.log.error("backend is FATAL; fix the problem and restart it",
+                           error=self.last_error)
+            return
+        if code == EXIT_OK:
+            self.last_error = self.last_error or "exited unexpectedly"
+        elif code is not None and code < 0:
+            self.last_error = f"killed by signal {-code}"
+        self.policy.record_crash(now)
+        if self.policy.exhausted():
+            # BACKOFF -> FATAL: too many restarts inside the window
+            self.state = State.FATAL
+            self.log.error("backend is FATAL: too many restarts",
+                           restarts=len(self.policy.crashes), window=self.policy.window,
+                           error=self.last_error)
+            return
+        delay = self.policy.delay()
+        # RUNNING/STARTING -> BACKOFF
+        self.state = State.BACKOFF
+        self.next_start = now + delay
+        self.restarts += 1
+        self.log.warning("exited; restarting after backoff", exit_code=code,
+                         restart_in=round(delay, 2), error=self.last_error)
+
+    def stop(self) -> None:
+        """Ask the child to stop (SIGTERM); the loop reaps it."""
+        if self.process is not None and self.process.is_alive():
+            # * -> STOPPING
+            self.state = State.STOPPING
+            self.process.terminate()
+        elif self.state in (State.BACKOFF, State.STARTING):
+            self.state = State.STOPPED
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.pid:
+            kill_tree(self.process.pid, grace=1.0, sig=9)
+
+    def snapshot(self) -> dict:
+        """What ``lapidusctl status`` shows for this child."""
+        out = {"name": self.name, "state": self.state.value, "pid": self.pid,
+               "restarts": self.restarts, "last_error": self.last_error}
+        if self.started_at is not None and self.state in (State.RUNNING, State.STARTING):
+            out["uptime"] = round(time.monotonic() - self.started_at, 1)
+        if self.pid:
+            try:
+                out["rss_bytes"] = psutil.Process(self.pid).memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        out.update(self.info)
+        return out

@@ -1,0 +1,96 @@
+"""The link between workers and the dispatcher: a unix stream socket with length-prefixed frames.
+
+Why a socket per worker rather than one shared ``multiprocessing.Queue``: a queue's writers share
+a lock and a pipe, and a writer killed with SIGKILL in the middle of a ``put`` can leave the lock
+held or a torn message in the pipe, wedging every other backend (the stdlib documents this).  A
+connection per worker has a single writer; when a worker dies only its own connection closes.
+
+Frame: 4-byte big-endian length, 1-byte kind, pickled payload.  Both ends are Lapidus processes
+of the same service user; the socket lives in a 0700 directory.
+
+* worker -> dispatcher: ``HELLO {"backend": name}``, ``BATCH (seq, [Record, ...])``
+* dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
+"""
+
+from __future__ import annotations
+
+import pickle
+import select
+import socket
+import struct
+import time
+from typing import Any, List, Optional, Tuple
+
+HEADER = struct.Struct(">IB")
+HELLO, BATCH, ACK = 1, 2, 3
+
+
+def pack(kind: int, payload: Any) -> bytes:
+    body = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(body), kind) + body
+
+
+def unpack_from(buffer: bytearray) -> Tuple[List[Tuple[int, Any]], int]:
+    """Complete frames in ``buffer`` and the number of bytes they used."""
+    out, pos, size = [], 0, len(buffer)
+    while size - pos >= HEADER.size:
+        length, kind = HEADER.unpack_from(buffer, pos)
+        end = pos + HEADER.size + length
+        if end > size:
+            break
+        out.append((kind, pickle.loads(buffer[pos + HEADER.size:end])))
+        pos = end
+    return out, pos
+
+
+class LinkLost(Exception):
+    """The dispatcher closed the connection (it died or is shutting down)."""
+
+
+class DispatcherLink:
+    """The worker's end.  Blocking sends, non-blocking ack reads.  Runs in a worker process."""
+
+    def __init__(self, path: str, backend: str, connect_timeout: float = 30.0):
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise LinkLost(f"dispatcher socket {path} did not accept a connection")
+                time.sleep(0.05)
+        self.sock = sock
+        self._buffer = bytearray()
+        self.sock.sendall(pack(HELLO, {"backend": backend}))
+
+    def send_batch(self, seq: int, records: list) -> None:
+        try:
+            self.sock.sendall(pack(BATCH, (seq, records)))
+        except OSError as exc:
+            raise LinkLost(f"dispatcher connection lost: {exc}") from None
+
+    def acks(self, timeout: float = 0.0) -> Optional[int]:
+        """The highest acknowledged sequence that arrived within ``timeout``, or None."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return None
+        data = self.sock.recv(65536)
+        if not data:
+            raise LinkLost("dispatcher closed the connection")
+        self._buffer += data
+        frames, used = unpack_from(self._buffer)
+        del self._buffer[:used]
+        acked = None
+        for kind, payload in frames:
+            if kind == ACK:
+                acked = payload
+        return acked
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

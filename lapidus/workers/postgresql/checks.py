@@ -1,0 +1,142 @@
+"""Start-up checks and slot management for a PostgreSQL backend.
+
+Runs in the PostgreSQL worker process, before pg_recvlogical starts.  Every failure is a
+:class:`BackendError` that names the thing, the reason and the fix; problems that retrying
+cannot solve are ``fatal`` so the supervisor does not restart the worker in a loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import psycopg2
+
+from ..base import BackendError
+
+
+def _one(conn, sql: str, args=()):
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchone()
+
+
+def check_server(conn, backend: str, plugin: str) -> None:
+    """wal_level, the role's REPLICATION attribute, and whether ``plugin`` may be used."""
+    (wal_level,) = _one(conn, "SHOW wal_level")
+    if wal_level != "logical":
+        raise BackendError(
+            f'backend "{backend}": wal_level is {wal_level}; logical decoding needs '
+            f"wal_level = logical: run ALTER SYSTEM SET wal_level = logical; and restart "
+            f"PostgreSQL (scripts/setup-local does this for a local server)", fatal=True)
+    user, can_replicate = _one(
+        conn, "SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
+              "WHERE rolname = current_user")
+    if not can_replicate:
+        raise BackendError(
+            f'backend "{backend}": role "{user}" lacks the REPLICATION attribute; '
+            f"run ALTER ROLE {user} REPLICATION; as a superuser", fatal=True)
+    allowed = _one(conn, "SELECT setting FROM pg_settings WHERE name = 'output_plugin_libraries'")
+    if allowed is not None:
+        names = [n.strip().strip('"') for n in (allowed[0] or "").split(",") if n.strip()]
+        if plugin not in names:
+            wanted = ", ".join(f"'{n}'" for n in dict.fromkeys(names + [plugin]))
+            raise BackendError(
+                f'backend "{backend}": this server does not allow the output plugin {plugin} '
+                f"(output_plugin_libraries = '{allowed[0]}'); run ALTER SYSTEM SET "
+                f"output_plugin_libraries = {wanted}; SELECT pg_reload_conf(); "
+                f"(the value is a list: each name quoted on its own)", fatal=True)
+
+
+def slot_info(conn, slot: str) -> Optional[dict]:
+    row = _one(conn, "SELECT plugin, database, active, active_pid, wal_status, "
+                     "confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+               (slot,))
+    if row is None:
+        return None
+    keys = ("plugin", "database", "active", "active_pid", "wal_status", "confirmed_flush_lsn")
+    return dict(zip(keys, row))
+
+
+def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
+                has_checkpoint: bool, checkpoint_path: str, wait_active: float = 10.0) -> bool:
+    """Make sure ``slot`` exists for ``plugin`` on ``database`` and nobody else streams it.
+
+    Returns True when the slot was created now.  A missing slot while a checkpoint exists means
+    the server dropped our position: that is an error, never a silent restart from "now".
+    """
+    info = slot_info(conn, slot)
+    if info is None:
+        if has_checkpoint:
+            raise BackendError(
+                f'backend "{backend}": replication slot "{slot}" no longer exists, but Lapidus '
+                f"has a position for it ({checkpoint_path}): changes made since then are gone "
+                f"from the server. Re-snapshot the tables you need, then delete the checkpoint "
+                f"file (and the spool folder beside it) to start streaming from now", fatal=True)
+        create_slot(conn, backend=backend, slot=slot, plugin=plugin)
+        return True
+    if info["plugin"] != plugin:
+        raise BackendError(
+            f'backend "{backend}": slot "{slot}" was created for the {info["plugin"]} plugin, '
+            f"but this backend decodes with {plugin}; set decoder = \"{info['plugin']}\", or "
+            f"use another slot name, or drop the slot with "
+            f"SELECT pg_drop_replication_slot('{slot}');", fatal=True)
+    if info["database"] != database:
+        raise BackendError(
+            f'backend "{backend}": slot "{slot}" belongs to database "{info["database"]}", not '
+            f'"{database}"; use another slot name', fatal=True)
+    if info["wal_status"] == "lost":
+        raise BackendError(
+            f'backend "{backend}": slot "{slot}" is lost: the server removed WAL it still '
+            f"needed (max_slot_wal_keep_size). Changes since its position are gone. Re-snapshot, "
+            f"then drop the slot (SELECT pg_drop_replication_slot('{slot}');) and delete "
+            f"{checkpoint_path} to start from now", fatal=True)
+    deadline = time.monotonic() + wait_active
+    while info and info["active"]:
+        # A pg_recvlogical of ours that just died may hold the slot for a moment longer.
+        if time.monotonic() > deadline:
+            raise BackendError(
+                f'backend "{backend}": slot "{slot}" is in use by server process '
+                f"{info['active_pid']}; another Lapidus (or pg_recvlogical) is streaming it. "
+                f"Stop it, or give this backend its own slot (retrying)")
+        time.sleep(0.2)
+        info = slot_info(conn, slot)
+    return False
+
+
+def create_slot(conn, *, backend: str, slot: str, plugin: str) -> None:
+    try:
+        _one(conn, "SELECT pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+    except psycopg2.Error as exc:
+        text = (exc.pgerror or str(exc)).strip()
+        if "may not be used as an output plugin" in text:
+            fix = ("run ALTER SYSTEM SET output_plugin_libraries = 'pgoutput', 'test_decoding', "
+                   f"'{plugin}'; SELECT pg_reload_conf();")
+        elif "could not access file" in text:
+            fix = (f"install the {plugin} output plugin on the database server "
+                   f"(Debian: apt-get install postgresql-<version>-{plugin})")
+        elif "all replication slots are in use" in text:
+            fix = "raise max_replication_slots (restart needed) or drop unused slots"
+        else:
+            fix = "see the server's message"
+        raise BackendError(
+            f'backend "{backend}": cannot create replication slot "{slot}" with {plugin}: '
+            f"{text.splitlines()[0]}; {fix}", fatal=True) from None
+
+
+def drop_slot(conn, slot: str, wait: float = 5.0) -> bool:
+    """Drop ``slot`` once it is idle (temporary slots, ``lapidus demo``).  True if dropped.
+
+    The walsender of a pg_recvlogical that just exited can keep the slot active for a moment.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        info = slot_info(conn, slot)
+        if info is None:
+            return False
+        if not info["active"]:
+            _one(conn, "SELECT pg_drop_replication_slot(%s)", (slot,))
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)

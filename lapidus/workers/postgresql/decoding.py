@@ -1,0 +1,81 @@
+"""What a PostgreSQL output-plugin decoder produces, and the interface every decoder offers.
+
+Runs in the PostgreSQL worker process.  A decoder turns the raw bytes that ``pg_recvlogical``
+spooled into a sequence of :class:`Begin`, :class:`Change` and :class:`Commit` messages; the
+:class:`~lapidus.workers.postgresql.transactions.TransactionAssembler` turns those into events with
+deterministic ids.  wal2json and pgoutput differ only in framing and in how values arrive, so
+everything after this interface is shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
+
+
+def parse_lsn(text: str) -> int:
+    """``"0/1928C90"`` -> 26381456."""
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def format_lsn(value: int) -> str:
+    """26381456 -> ``"0/1928C90"`` (PostgreSQL's own spelling)."""
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+@dataclass(slots=True)
+class Begin:
+    """Start of a transaction.  ``commit_lsn`` identifies it (both plugins send it up front)."""
+
+    commit_lsn: int
+    xid: Optional[str]
+    ts: Optional[str]
+
+
+@dataclass(slots=True)
+class Commit:
+    """End of a transaction."""
+
+    commit_lsn: int
+
+
+@dataclass(slots=True)
+class Change:
+    """One row change, truncate or logical message, values already mapped to JSON form.
+
+    A message outside a transaction (``transactional=False``) carries its own ``lsn``.
+    """
+
+    type: str
+    schema: Optional[str] = None
+    table: Optional[str] = None
+    pk: Optional[dict] = None
+    item: Optional[dict] = None
+    before: Optional[dict] = None
+    unchanged: Optional[List[str]] = None
+    prefix: Optional[str] = None
+    content: Optional[str] = None
+    transactional: Optional[bool] = None
+    lsn: Optional[int] = None
+
+
+Message = Any  # Begin | Change | Commit | None
+
+
+class Decoder(Protocol):
+    """Framing and decoding for one output plugin."""
+
+    #: the output plugin name a slot is created with
+    plugin: str
+
+    def plugin_options(self) -> List[str]:
+        """``-o name=value`` arguments for ``pg_recvlogical --start``."""
+
+    def split(self, data: bytes) -> Tuple[Sequence[bytes], int]:
+        """Cut ``data`` into complete frames.  Returns the frames and the number of bytes they
+        used (including the newline ``pg_recvlogical`` writes after each message); the rest of
+        ``data`` is an incomplete frame to be completed by the next read."""
+
+    def decode(self, frame: bytes) -> Message:
+        """One frame to a message, or ``None`` for frames that produce no event."""

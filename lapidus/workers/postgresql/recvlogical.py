@@ -1,0 +1,154 @@
+"""The supervised ``pg_recvlogical`` child of a PostgreSQL worker.
+
+Runs in the PostgreSQL worker process.  The child streams the slot into the spool
+(``-f <spool>/active``) and fsyncs before it confirms a position to the server.  Secrets never
+appear in its argv (``ps`` shows argv to every user): the password travels in ``PGPASSWORD`` or a
+passfile.  The child gets ``PR_SET_PDEATHSIG`` so it dies with the worker, and ``--no-loop`` so
+that reconnecting is the worker's decision (with backoff, and with a look at why it died).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+from ...procutil import die_with_parent
+
+# Session settings for the walsender: values arrive in one predictable text form.
+SESSION_OPTIONS = ("-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
+                   "-c extra_float_digits=3 -c bytea_output=hex")
+
+
+def find_pg_recvlogical(configured: Optional[str] = None) -> str:
+    """The pg_recvlogical binary: configured, on PATH, or in Debian's versioned directory."""
+    if configured:
+        return configured
+    found = shutil.which("pg_recvlogical")
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"),
+                        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    if candidates:
+        return str(candidates[-1])
+    raise FileNotFoundError(
+        "pg_recvlogical not found: install the PostgreSQL client package "
+        "(apt-get install postgresql-client) or set the backend option pg_recvlogical")
+
+
+def conninfo(options: dict, application_name: str) -> str:
+    """libpq connection string without the password."""
+    parts = {
+        "host": options.get("host", "127.0.0.1"),
+        "port": options.get("port", 5432),
+        "user": options.get("user", "postgres"),
+        "dbname": options["database"],
+        "application_name": application_name,
+        "connect_timeout": options.get("connect_timeout", 10),
+    }
+    if options.get("sslmode"):
+        parts["sslmode"] = options["sslmode"]
+
+    def quote(value) -> str:
+        text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+        return f"'{text}'"
+
+    return " ".join(f"{k}={quote(v)}" for k, v in parts.items())
+
+
+def child_environment(options: dict) -> dict:
+    """Environment for the child: the password and session options, nothing in argv."""
+    env = dict(os.environ)
+    env.pop("PGPASSWORD", None)
+    if options.get("password"):
+        env["PGPASSWORD"] = str(options["password"])
+    if options.get("passfile"):
+        env["PGPASSFILE"] = str(options["passfile"])
+    env["PGOPTIONS"] = SESSION_OPTIONS
+    env["LC_MESSAGES"] = "C"
+    return env
+
+
+class RecvLogical:
+    """One pg_recvlogical process at a time, restartable."""
+
+    def __init__(self, *, binary: str, options: dict, slot: str, output: Path,
+                 plugin_options: List[str], log_path: Path, application_name: str):
+        self.binary = binary
+        self.options = options
+        self.slot = slot
+        self.output = output
+        self.plugin_options = plugin_options
+        self.log_path = log_path
+        self.application_name = application_name
+        self.proc: Optional[subprocess.Popen] = None
+
+    def argv(self) -> List[str]:
+        fsync = max(1, int(round(float(self.options.get("fsync_interval", 1.0)))))
+        status = max(1, int(round(float(self.options.get("status_interval", 1.0)))))
+        argv = [self.binary, "--start", "--no-loop",
+                "-d", conninfo(self.options, self.application_name),
+                "--slot", self.slot, "-f", str(self.output),
+                f"--fsync-interval={fsync}", f"--status-interval={status}"]
+        for opt in self.plugin_options:
+            argv += ["-o", opt]
+        return argv
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        parent = os.getpid()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv(), env=child_environment(self.options), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, close_fds=True,
+                # Own session: a Ctrl-C on the terminal must not stop it behind the worker's
+                # back; the worker stops it (SIGINT) when it is told to stop.
+                start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGKILL, parent))
+        finally:
+            log.close()
+
+    def exit_code(self) -> Optional[int]:
+        """None while running; the exit status once it died (and it was reaped)."""
+        if self.proc is None:
+            return None
+        return self.proc.poll()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reopen_output(self) -> None:
+        """SIGHUP: fsync, close and reopen the output path (after a spool rotation)."""
+        if self.running():
+            self.proc.send_signal(signal.SIGHUP)
+
+    def recent_errors(self, limit: int = 2000) -> str:
+        """The last lines pg_recvlogical wrote to its log, for error messages."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                return f.read().decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGINT makes pg_recvlogical fsync, send final feedback and exit 0."""
+        if not self.proc:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

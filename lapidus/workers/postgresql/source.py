@@ -1,0 +1,234 @@
+"""PostgreSQL source: a supervised pg_recvlogical writing a durable spool, read back as events.
+
+Runs in the PostgreSQL worker process, after fork.  The delivery invariant for this backend:
+
+* the server's slot only advances past what pg_recvlogical fsynced into the spool;
+* the worker's checkpoint (segment, offset, transaction state) only advances past what the sinks
+  confirmed;
+* so after ``kill -9`` of anything, the restart reads the spool from the checkpoint and the slot
+  resends whatever never reached the disk.  Nothing is skipped; repeats carry the same ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Any, Deque, List, Optional
+
+from ...filters import TableFilter
+from ..base import Batch, BackendError, Source
+from .catalog import Catalog, connect
+from .checks import check_server, drop_slot, ensure_slot
+from .fswatch import DirectoryWatch
+from .recvlogical import RecvLogical, find_pg_recvlogical
+from .spool import Spool, SpoolReader
+from .transactions import TransactionAssembler
+
+RESPAWN_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+# pg_recvlogical deaths that restarting cannot cure
+FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentication failed",
+                      "could not access file", "does not exist")
+
+
+def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict):
+    if name == "wal2json":
+        from .wal2json import Wal2JsonDecoder
+        return Wal2JsonDecoder(catalog, table_filter, messages=options.get("messages", True))
+    raise BackendError(f"unknown PostgreSQL decoder {name!r} (expected wal2json)", fatal=True)
+
+
+class PostgresSource(Source):
+    """See the module docstring.  Checkpoint: ``{"segment", "offset", "last_lsn", "tx", ...}``."""
+
+    def __init__(self, backend, state_dir: Path, log):
+        super().__init__(backend, state_dir, log)
+        self.options = dict(backend.options)
+        self.slot = self.options.get("slot") or f"lapidus_{backend.name}".lower()
+        self.spool = Spool(Path(state_dir) / "spool")
+        self.catalog: Optional[Catalog] = None
+        self.child: Optional[RecvLogical] = None
+        self.reader: Optional[SpoolReader] = None
+        self.watch: Optional[DirectoryWatch] = None
+        self.frames: Deque[bytes] = collections.deque()
+        self.assembler: Optional[TransactionAssembler] = None
+        self.deaths = 0
+        self.next_spawn = 0.0
+        self.paused_for_cap = False
+        self._last_cap_check = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def open(self, checkpoint: Optional[Any]) -> None:
+        name = self.backend.name
+        app = f"lapidus_{name}"
+        self.catalog = Catalog(connect(self.options, name, app))
+        decoder_name = self.options.get("decoder", "wal2json")
+        table_filter = TableFilter(self.backend.include_tables, self.backend.exclude_tables)
+        self.decoder = make_decoder(decoder_name, self.catalog, table_filter, self.options)
+        check_server(self.catalog.conn, name, self.decoder.plugin)
+        created = ensure_slot(
+            self.catalog.conn, backend=name, slot=self.slot, plugin=self.decoder.plugin,
+            database=self.options["database"], has_checkpoint=checkpoint is not None,
+            checkpoint_path=str(Path(self.state_dir) / "checkpoint.json"))
+        if created:
+            self.log.info("replication slot created", slot=self.slot, plugin=self.decoder.plugin)
+
+        start_segment = checkpoint["segment"] if checkpoint else None
+        self.spool.prepare(first_segment=start_segment or 1)
+        if checkpoint is None:
+            existing = self.spool.segments()
+            start_segment, offset = (existing[0] if existing else self.spool.active_segment()), 0
+        else:
+            offset = checkpoint["offset"]
+        self.reader = SpoolReader(self.spool, start_segment, offset)
+        self.assembler = TransactionAssembler(name, checkpoint)
+        self.watch = DirectoryWatch(str(self.spool.directory))
+        self.child = RecvLogical(
+            binary=find_pg_recvlogical(self.options.get("pg_recvlogical")), options=self.options,
+            slot=self.slot, output=self.spool.active_link,
+            plugin_options=self.decoder.plugin_options(),
+            log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
+        self._repair_tail()
+        self._spawn()
+
+    def close(self) -> None:
+        if self.child:
+            self.child.stop()
+            self.child = None
+        if self.reader:
+            self.reader.close()
+        if self.watch:
+            self.watch.close()
+        if self.catalog:
+            if self.options.get("temporary_slot"):
+                try:
+                    if drop_slot(self.catalog.conn, self.slot):
+                        self.log.info("temporary replication slot dropped", slot=self.slot)
+                except Exception as exc:  # the slot may still be marked active for a moment
+                    self.log.warning("could not drop temporary slot", slot=self.slot,
+                                     error=str(exc))
+            self.catalog.close()
+            self.catalog = None
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, max_events: int, timeout: float) -> Batch:
+        deadline = time.monotonic() + timeout
+        events: List = []
+        while True:
+            self._supervise_child()
+            consumed = self._consume(events, max_events)
+            if events or consumed:
+                return Batch(events, self._checkpoint())
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Batch(events, None)
+            self.watch.wait(min(remaining, 0.25))
+
+    def _consume(self, events: List, max_events: int) -> bool:
+        """Decode frames into ``events``; True when at least one frame was consumed."""
+        consumed = False
+        frames, reader, decode, feed = self.frames, self.reader, self.decoder.decode, \
+            self.assembler.feed
+        while len(events) < max_events:
+            if not frames:
+                frames.extend(reader.read_frames(self.decoder))
+                if not frames:
+                    break
+            frame = frames.popleft()
+            message = decode(frame)
+            if message is not None:
+                feed(message, events)
+            reader.consumed(frame)
+            consumed = True
+        return consumed
+
+    def _checkpoint(self) -> dict:
+        state = self.assembler.state()
+        state["segment"] = self.reader.segment
+        state["offset"] = self.reader.offset
+        return state
+
+    def commit(self, checkpoint: Any) -> None:
+        self.spool.delete_before(checkpoint["segment"])
+
+    def status(self) -> dict:
+        return {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
+                "spool_bytes": self.spool.size_bytes()}
+
+    # -- the child ------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self.child.start()
+        self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
+
+    def _supervise_child(self) -> None:
+        """Respawn a dead pg_recvlogical; rotate the spool; pause at the spool cap."""
+        now = time.monotonic()
+        if now - self._last_cap_check >= 1.0:
+            self._last_cap_check = now
+            self._rotate_and_cap()
+        code = self.child.exit_code()
+        if code is None and self.child.proc is not None:
+            return
+        if self.paused_for_cap or now < self.next_spawn:
+            return
+        if self.child.proc is not None:
+            self._child_died(code)
+            return
+        self._repair_tail()
+        self._spawn()
+
+    def _child_died(self, code: int) -> None:
+        errors = self.child.recent_errors()
+        last = errors.splitlines()[-1] if errors else ""
+        self.child.proc = None
+        for marker in FATAL_CHILD_ERRORS:
+            if marker in errors[-1000:]:
+                raise BackendError(
+                    f'backend "{self.backend.name}": pg_recvlogical failed: {last}', fatal=True)
+        delay = RESPAWN_BACKOFF[min(self.deaths, len(RESPAWN_BACKOFF) - 1)]
+        self.deaths += 1
+        self.next_spawn = time.monotonic() + delay
+        self.log.warning("pg_recvlogical exited; restarting", exit_code=code, error=last,
+                         restart_in=delay)
+
+    def _repair_tail(self) -> None:
+        """Cut a frame that a dying pg_recvlogical left half-written in the newest segment."""
+        segments = self.spool.segments()
+        if not segments:
+            return
+        newest = segments[-1]
+        start = self.reader.offset if self.reader.segment == newest else 0
+        if self.reader.segment > newest:
+            return
+        new_size = self.spool.truncate_partial_tail(newest, start, self.decoder)
+        if new_size is not None:
+            self.log.warning("cut a half-written message from the spool; the server resends it",
+                             segment=newest, size=new_size)
+            if self.reader.segment == newest:
+                self.reader.after_truncate(new_size)
+
+    def _rotate_and_cap(self) -> None:
+        limit = int(self.options.get("spool_segment_bytes", 64 << 20))
+        try:
+            size = self.spool.path(self.spool.active_segment()).stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size >= limit and self.child.running():
+            self.spool.rotate()
+            self.child.reopen_output()
+        if self.child.running():
+            self.deaths = 0 if time.monotonic() - self.next_spawn > 30 else self.deaths
+        cap = int(self.options.get("spool_max_bytes", 1 << 30))
+        total = self.spool.size_bytes()
+        if total >= cap and not self.paused_for_cap:
+            # Sinks are behind: stop taking WAL from the server until the spool drains.
+            self.paused_for_cap = True
+            self.log.warning("spool is full; pausing pg_recvlogical until sinks catch up",
+                             spool_bytes=total, spool_max_bytes=cap)
+            self.child.stop()
+        elif self.paused_for_cap and total < cap * 0.8:
+            self.paused_for_cap = False
+            self.log.info("spool drained; resuming pg_recvlogical", spool_bytes=total)

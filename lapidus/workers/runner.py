@@ -1,0 +1,202 @@
+"""The generic worker loop: source -> encoded batches -> dispatcher, acks -> checkpoint.
+
+Runs in a worker process, one per backend, forked by the supervisor.  Flow control: at most
+``max_inflight_batches`` batches are unconfirmed at any time; when the sinks are slow or down
+the worker stops reading its source (backpressure, nothing is dropped).  A checkpoint is saved
+only for positions whose batches every sink confirmed, at most every ``CHECKPOINT_EVERY`` seconds
+and always before a clean exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Deque, Optional, Tuple
+
+from .. import logs
+from ..checkpoint import CheckpointStore
+from ..events import to_record
+from ..procutil import die_with_parent
+from ..transport import DispatcherLink, LinkLost
+from .base import BackendError, Source
+
+# Exit codes the supervisor understands (see lapidus.supervisor.states).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_FATAL = 3          # retrying cannot help: configuration, credentials, server settings
+
+CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
+STATUS_EVERY = 1.0
+
+
+def make_source(backend, state_dir: Path, log) -> Source:
+    """The Source class for ``backend.type`` (imported lazily: a worker loads only its own)."""
+    if backend.type == "postgresql":
+        from .postgresql.source import PostgresSource
+        return PostgresSource(backend, state_dir, log)
+    if backend.type == "mysql":
+        from .mysql.source import MysqlSource
+        return MysqlSource(backend, state_dir, log)
+    if backend.type == "mongo":
+        from .mongo.source import MongoSource
+        return MongoSource(backend, state_dir, log)
+    raise BackendError(f"unknown backend type {backend.type!r}", fatal=True)
+
+
+class WorkerLoop:
+    """State of one worker process; :meth:`run` is its whole life."""
+
+    def __init__(self, backend, state_dir: Path, socket_path: str, status, log):
+        self.backend = backend
+        self.state_dir = state_dir
+        self.socket_path = socket_path
+        self.status = status            # multiprocessing Connection to the supervisor
+        self.log = log
+        self.store = CheckpointStore(state_dir)
+        self.inflight: Deque[Tuple[Optional[int], Any]] = collections.deque()
+        self.confirmed: Any = None      # newest checkpoint whose events are all delivered
+        self.saved: Any = None
+        self.last_save = 0.0
+        self.seq = 0
+        self.events_sent = 0
+        self.stopping = False
+        options = backend.options
+        self.batch_size = int(options.get("batch_size", 1000))
+        self.max_inflight = int(options.get("max_inflight_batches", 8))
+
+    def request_stop(self, *_):
+        self.stopping = True
+
+    def report(self, kind: str, **fields) -> None:
+        try:
+            self.status.send((kind, fields))
+        except (OSError, ValueError):
+            pass  # the supervisor is gone; die_with_parent ends us shortly
+
+    def run(self) -> int:
+        source = make_source(self.backend, self.state_dir, self.log)
+        try:
+            checkpoint = self.store.load()
+            self.saved = self.confirmed = checkpoint
+            source.open(checkpoint)
+            link = DispatcherLink(self.socket_path, self.backend.name)
+            self.report("ready", position=_position_of(checkpoint))
+            self.log.info("streaming", resumed=checkpoint is not None)
+            self._loop(source, link)
+            self._drain(link)
+            self._save(force=True, source=source)
+            link.close()
+            return EXIT_OK
+        except BackendError as exc:
+            self.report("error", message=str(exc), fatal=exc.fatal)
+            self.log.error("backend failed", error=str(exc), fatal=exc.fatal)
+            return EXIT_FATAL if exc.fatal else EXIT_ERROR
+        except LinkLost as exc:
+            self.log.warning("lost the dispatcher; restarting", error=str(exc))
+            return EXIT_ERROR
+        finally:
+            try:
+                source.close()
+            except Exception as exc:  # closing must not hide the original failure
+                self.log.warning("error while closing the source", error=str(exc))
+
+    def _loop(self, source: Source, link: DispatcherLink) -> None:
+        last_status = 0.0
+        while not self.stopping:
+            self._take_acks(link, 0.0)
+            if len(self.inflight) >= self.max_inflight:
+                self._take_acks(link, 0.2)     # backpressure: the sinks are behind
+            else:
+                batch = source.read(self.batch_size, 0.2)
+                if batch.checkpoint is not None:
+                    if batch.events:
+                        self.seq += 1
+                        link.send_batch(self.seq, [to_record(e) for e in batch.events])
+                        self.events_sent += len(batch.events)
+                        self.inflight.append((self.seq, batch.checkpoint))
+                    elif self.inflight:
+                        self.inflight.append((None, batch.checkpoint))
+                    else:
+                        self.confirmed = batch.checkpoint
+            self._settle_unsent()
+            self._save(source=source)
+            now = time.monotonic()
+            if now - last_status >= STATUS_EVERY:
+                last_status = now
+                self.report("stats", events=self.events_sent, inflight=len(self.inflight),
+                            position=_position_of(self.confirmed), **source.status())
+
+    def _take_acks(self, link: DispatcherLink, timeout: float) -> None:
+        acked = link.acks(timeout)
+        if acked is None:
+            return
+        while self.inflight and (self.inflight[0][0] is None or self.inflight[0][0] <= acked):
+            self.confirmed = self.inflight.popleft()[1]
+
+    def _settle_unsent(self) -> None:
+        """Checkpoints that needed no delivery become confirmed once everything before is."""
+        while self.inflight and self.inflight[0][0] is None:
+            self.confirmed = self.inflight.popleft()[1]
+
+    def _save(self, *, source: Source, force: bool = False) -> None:
+        if self.confirmed is None or self.confirmed is self.saved:
+            return
+        now = time.monotonic()
+        if not force and now - self.last_save < CHECKPOINT_EVERY:
+            return
+        self.store.save(self.confirmed)
+        self.saved, self.last_save = self.confirmed, now
+        source.commit(self.confirmed)
+
+    def _drain(self, link: DispatcherLink, timeout: float = 7.0) -> None:
+        """On stop: wait (bounded) for the sinks to confirm what was already sent."""
+        deadline = time.monotonic() + timeout
+        while self.inflight and time.monotonic() < deadline:
+            self._take_acks(link, 0.1)
+            self._settle_unsent()
+        if self.inflight:
+            self.log.warning("stopping with unconfirmed batches; they will be sent again",
+                             batches=len(self.inflight))
+
+
+def _position_of(checkpoint: Any) -> Optional[str]:
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint, dict):
+        for key in ("position", "gtid", "last_lsn"):
+            if key in checkpoint:
+                value = checkpoint[key]
+                if key == "last_lsn" and isinstance(value, int):
+                    from .postgresql.decoding import format_lsn
+                    return format_lsn(value)
+                return str(value)
+    return str(checkpoint)
+
+
+def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
+                parent_pid: int, status) -> None:
+    """Entry point of a worker process (the target of multiprocessing.Process).
+
+    ``status`` is the write end of the pipe to the supervisor (appended by ChildHandle.spawn).
+    """
+    # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
+    # nothing is lost, the checkpoint and the slot only ever move after delivery.
+    die_with_parent(signal.SIGKILL, parent_pid)
+    logs.configure(log_format, log_level, process="worker")
+    log = logs.get_logger(backend=backend.name)
+    path = Path(state_dir)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    loop = WorkerLoop(backend, path, socket_path, status, log)
+    signal.signal(signal.SIGTERM, loop.request_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
+    try:
+        code = loop.run()
+    except Exception:
+        log.exception("worker crashed")
+        code = EXIT_ERROR
+    sys.stdout.flush()
+    os._exit(code)
