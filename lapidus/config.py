@@ -435,7 +435,7 @@ class _Validator:
 
     # -- tables ----------------------------------------------------------------------------
 
-    def read_table(self, raw: Any, decls: Sequence[S.Setting], path: str, *,
+    def read_table(self, raw: Mapping[str, Any], decls: Sequence[S.Setting], path: str, *,
                    elsewhere: Optional[Mapping[str, Tuple[str, ...]]] = None,
                    kind_label: str = "", tolerate: Sequence[str] = (),
                    suggest_from: Optional[Sequence[str]] = None) -> _Table:
@@ -447,12 +447,6 @@ class _Validator:
         the keys a did-you-mean may propose.
         """
         table = _Table(values={}, written={}, bad=set())
-        if not isinstance(raw, Mapping):
-            self.problem(path, f"expected a table, got {S.describe(raw)}")
-            table.bad.update(s.name for s in decls)
-            for s in decls:
-                table.values[s.name] = None
-            return table
         by_name = {s.name: s for s in decls}
         alias_of = {a: s.name for s in decls for a in s.aliases}
         valid_keys = [*by_name, *alias_of]
@@ -611,7 +605,8 @@ class _Validator:
         pending = [p for p in (self.read_backend(i, b) for i, b in enumerate(raw)) if p]
         self.assign_names(pending)
         for p in pending:
-            if p.values["name"] is not None:    # derived defaults (slot ...) need the name
+            # Derived defaults (slot ...) need a sound name.
+            if p.values["name"] is not None and "name" not in p.table.bad:
                 self.fill_derived(p.table, S.backend_settings(p.values["type"]), self.ctx)
         self.check_shared_servers(pending)
         return tuple(self.build_backend(p) for p in pending)
@@ -675,6 +670,8 @@ class _Validator:
                 self.problem(p.key_path("name"), f'duplicate backend name "{name}" (also used '
                                                  f"by backends[{taken[name]}]); names must be "
                                                  f"unique")
+                # Defaults derived from this name (its slot ...) would only repeat the clash.
+                p.table.bad.add("name")
             else:
                 taken[name] = p.index
         for p in pending:

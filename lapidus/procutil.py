@@ -16,8 +16,21 @@ from typing import Optional
 import psutil
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 _libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def set_process_name(name: str) -> None:
+    """Name this process for ps/top/psutil (the kernel keeps the first 15 bytes)."""
+    _c().prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> None:
@@ -26,10 +39,7 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = 
     Call it in the child right after fork.  If the parent already died between fork and this
     call (the classic race), exit at once.
     """
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    _c().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)
 

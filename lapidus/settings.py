@@ -69,7 +69,7 @@ class Context:
 
     env: Mapping[str, str]
     is_root: bool
-    base_dir: Path                  # relative paths are resolved against the config file's directory
+    base_dir: Path                  # relative paths are resolved against the file's directory
     state_dir: Optional[Path] = None
 
 

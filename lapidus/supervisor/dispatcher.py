@@ -17,7 +17,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .. import logs
-from ..procutil import die_with_parent
+from ..procutil import die_with_parent, set_process_name
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
@@ -121,7 +121,10 @@ class Dispatcher:
         generation = 0
         try:
             while True:
-                data = await reader.read(1 << 20)
+                try:
+                    data = await reader.read(1 << 20)
+                except ConnectionError:
+                    data = b""   # the worker was killed; its restart reconnects
                 if not data:
                     return
                 buffer += data
@@ -136,6 +139,8 @@ class Dispatcher:
                     elif kind == BATCH and pipeline is not None:
                         seq, records = payload
                         pipeline.queue.put_nowait((generation, seq, records))
+        except asyncio.CancelledError:
+            pass  # shutting down: the worker sees the connection close and stops or retries
         finally:
             writer.close()
 
@@ -172,6 +177,7 @@ class Dispatcher:
 def dispatcher_main(config, socket_path: str, parent_pid: int) -> None:
     """Entry point of the dispatcher process (target of multiprocessing.Process)."""
     die_with_parent(signal.SIGKILL, parent_pid)
+    set_process_name("lapidus:dispatch")
     logs.configure(config.log.format, config.log.level, process="dispatcher")
     dispatcher = Dispatcher(config, socket_path, logs.get_logger())
     code = asyncio.run(dispatcher.serve())

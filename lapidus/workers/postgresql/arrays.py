@@ -64,11 +64,10 @@ def parse_array(text: str, delimiter: str = ",") -> ArrayValue:
     # Fast path: flat arrays of numbers, identifiers, dates: no quotes needed.
     if _SLOW_CHARS.search(inner) is None:
         items: ArrayValue = inner.split(delimiter)
-        for i, item in enumerate(items):
-            if not item:
-                raise ValueError(f"malformed array {text!r}: empty unquoted element")
-            if len(item) == 4 and item.upper() == "NULL":
-                items[i] = None
+        if "" in items:
+            raise ValueError(f"malformed array {text!r}: empty unquoted element")
+        if "NULL" in inner.upper():     # array_in reads an unquoted NULL in any case
+            return [None if item.upper() == "NULL" else item for item in items]
         return items
     syntax = _SYNTAXES.get(delimiter) or _syntax(delimiter)
     # Flat arrays with quoted elements (text with spaces, timestamps): validated by one

@@ -1,0 +1,314 @@
+"""The MongoDB source: one pymongo change stream, read in batches, resumed by resume token.
+
+Runs in the mongo worker process, after fork (the client, its monitor threads and the stream
+are created in :meth:`MongoSource.open`).  The contract is :class:`lapidus.workers.base.Source`;
+what is specific to MongoDB:
+
+* **Scope.** One database when ``database`` is set, else the whole deployment.  Include/exclude globs apply to ``database.collection``; what can be
+  translated exactly is pushed into the stream's ``$match`` (:mod:`.pipeline`).
+* **Checkpoint** (:mod:`.position`): the resume token after the last delivered change, as
+  ``{"resume_token": {"_data": "..."}, "start_after": false}``.  Tokens are per change, also
+  inside a multi-document transaction, so a restart neither skips nor repeats part of one.
+  When the server's batch is exhausted the driver caches the batch's ``postBatchResumeToken``,
+  which is past every change the server examined, including filtered ones: an empty batch then
+  still carries a newer checkpoint, so a quiet or fully excluded stream keeps its saved position
+  inside the oplog.
+* **First start** (no checkpoint): from now.  The stream's initial resume token is written to
+  ``<state_dir>/mongo-first-start.json`` before :meth:`open` returns and is the first batch's
+  checkpoint; until the worker has saved a real checkpoint (:meth:`commit`), a restart resumes
+  from that file instead of from a new "now", so changes made while the worker was down
+  between its first start and its first checkpoint are not lost.
+* **Invalidate** (database dropped while a database is watched): a ``schema`` event, then the
+  stream is reopened with ``startAfter`` and follows the database when it is recreated.
+* **History lost** (the oplog no longer holds the token): ``history_lost = "fail"`` raises a
+  fatal error naming the option; ``"restart_from_now"`` delivers a ``gap`` event and goes on
+  from now.  Never a silent jump forward.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from pymongo.errors import PyMongoError
+
+from ...checkpoint import CheckpointStore
+from ...events import Event
+from ...filters import TableFilter
+from ..base import BackendError, Batch, Source
+from . import errors
+from .bson_json import format_datetime
+from .changes import ChangeMapper
+from .pipeline import match_stage
+from .position import ResumePoint, parse_checkpoint
+from .settings import MongoSettings, create_client
+
+# getMore waits at most this long for a change when there is none; read() loops until its own
+# timeout.  Short, so a read overshoots its timeout (the worker loop uses 0.2 s) by little and
+# the loop gets back to its acks soon; an idle stream costs five cheap round trips a second.
+MAX_AWAIT_MS = 200
+
+# First-start marker (see the module docstring), next to the worker's checkpoint.
+FIRST_START_FILE = "mongo-first-start.json"
+
+# MongoDB 6.0 (wire version 17) introduced pre- and post-images.
+_WIRE_VERSION_6_0 = 17
+
+
+class MongoSource(Source):
+    """Change stream of one MongoDB deployment or database.  Runs in the mongo worker process.
+
+    ``client_factory`` builds the pymongo client from the settings (tests replace it).
+    """
+
+    def __init__(self, backend, state_dir, log,
+                 client_factory: Callable[[MongoSettings], Any] = create_client):
+        super().__init__(backend, state_dir, log)
+        self.settings = MongoSettings.from_options(backend.name, backend.options or {})
+        self.table_filter = TableFilter(backend.include_tables, backend.exclude_tables)
+        match = match_stage(backend.include_tables, backend.exclude_tables)
+        self.pipeline: List[dict] = [match] if match else []
+        self._client_factory = client_factory
+        self._first_start = (CheckpointStore(Path(state_dir), FIRST_START_FILE)
+                             if state_dir is not None else None)
+        self._first_start_pending = False
+        self._client = None
+        self._stream = None
+        self._mapper: Optional[ChangeMapper] = None
+        self.database: Optional[str] = None
+        self._point: Optional[ResumePoint] = None    # where the stream is (in memory)
+        self._reported: Any = None                    # the last checkpoint handed out
+        self._pending: List[Batch] = []               # batches to hand out before reading on
+        self._last_ts: Optional[str] = None
+
+    # -- Source interface -------------------------------------------------------------------
+
+    def open(self, checkpoint: Optional[Any]) -> None:
+        self.close()
+        self._client = self._client_factory(self.settings)
+        try:
+            hello = self._client.admin.command("hello")
+        except PyMongoError as exc:
+            raise errors.describe(self.settings, exc, "connecting") from None
+        self._check_deployment(hello)
+        self.database = self.settings.database
+        self._mapper = ChangeMapper(self.backend.name, self.table_filter, self.database)
+        self._pending = []
+
+        point = self._start_point(checkpoint)
+        # Without a checkpoint the first read hands out the initial token as one.
+        self._reported = checkpoint
+        self._open_stream(point)
+        if point is None and self._first_start is not None:
+            self._first_start.save(self._point.to_checkpoint())
+            self._first_start_pending = True
+        self.log.info("mongo change stream opened", database=self.database or "*",
+                      resumed=point is not None, position=self._point.position)
+
+    def read(self, max_events: int, timeout: float) -> Batch:
+        if self._pending:
+            return self._pending.pop(0)
+        stream = self._require_stream()
+        deadline = time.monotonic() + timeout
+        events: List[Event] = []
+        while len(events) < max_events:
+            if not stream.alive:
+                # Closed by the server after an invalidate (or by the driver): go on from the
+                # current point; startAfter when that is the invalidate's token.
+                if events:
+                    break
+                stream = self._open_stream(self._point)
+                if self._pending:
+                    return self._pending.pop(0)     # the gap comes before anything newer
+            if events and not _has_buffered(stream):
+                break                # never wait for more once there is something to deliver
+            try:
+                change = stream.try_next()
+            except PyMongoError as exc:
+                if not errors.is_history_lost(exc):
+                    raise errors.describe(self.settings, exc, "reading changes") from None
+                delivered = self._batch(events)
+                self._restart_after_history_lost(self._point, exc)
+                return delivered if events else self._pending.pop(0)
+            self._advance(stream, change)
+            if change is None:
+                if events or time.monotonic() >= deadline:
+                    break
+                continue
+            event = self._mapper.event(change)
+            if event is not None:
+                events.append(event)
+                self._last_ts = event.ts
+            if change["operationType"] == "invalidate":
+                break
+        return self._batch(events)
+
+    def commit(self, checkpoint: Any) -> None:
+        # The worker saved a real checkpoint: the first-start marker has done its job.
+        if self._first_start_pending and self._first_start is not None:
+            self._first_start.clear()
+            self._first_start_pending = False
+
+    def status(self) -> dict:
+        return {
+            "database": self.database or "*",
+            "position": self._point.position if self._point else None,
+            "last_change_ts": self._last_ts,
+        }
+
+    def close(self) -> None:
+        stream, client = self._stream, self._client
+        self._stream = self._client = None
+        for thing in (stream, client):
+            if thing is not None:
+                try:
+                    thing.close()
+                except PyMongoError:
+                    pass            # closing a dead connection; nothing left to release
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def _check_deployment(self, hello: dict) -> None:
+        if not hello.get("setName") and hello.get("msg") != "isdbgrid":
+            raise errors.not_a_replica_set(self.settings)
+        needs_images = (self.settings.full_document_before_change != "off"
+                        or self.settings.full_document in ("whenAvailable", "required"))
+        if needs_images and hello.get("maxWireVersion", 0) < _WIRE_VERSION_6_0:
+            option = ("full_document_before_change"
+                      if self.settings.full_document_before_change != "off" else "full_document")
+            raise BackendError(
+                f'backend "{self.settings.backend}": {option} = '
+                f'"{getattr(self.settings, option)}" needs pre-/post-images, which MongoDB at '
+                f"{self.settings.where} does not have (before 6.0); use "
+                '"off" / "updateLookup" or upgrade the server', fatal=True)
+
+    def _start_point(self, checkpoint: Optional[Any]) -> Optional[ResumePoint]:
+        if checkpoint is not None:
+            if self._first_start is not None and self._first_start.load() is not None:
+                self._first_start.clear()   # left over from a crash right after the first save
+            try:
+                return parse_checkpoint(checkpoint)
+            except ValueError as exc:
+                raise BackendError(
+                    f'backend "{self.settings.backend}": the saved checkpoint is not a MongoDB '
+                    f"resume point ({exc}); delete the backend's checkpoint to start from now",
+                    fatal=True) from None
+        marker = self._first_start.load() if self._first_start is not None else None
+        if marker is None:
+            return None
+        self._first_start_pending = True
+        self.log.info("mongo resuming from the first-start position (no checkpoint saved yet)",
+                      path=str(self._first_start.path))
+        return parse_checkpoint(marker)
+
+    def _open_stream(self, point: Optional[ResumePoint]):
+        """(Re)open the stream at ``point`` (``None``: now); sets ``self._point``."""
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except PyMongoError:
+                pass
+            self._stream = None
+        target = self._client[self.database] if self.database else self._client
+        kwargs = {"pipeline": self.pipeline, "full_document": self.settings.full_document,
+                  "max_await_time_ms": MAX_AWAIT_MS}
+        if self.settings.full_document_before_change != "off":
+            kwargs["full_document_before_change"] = self.settings.full_document_before_change
+        if self.settings.batch_size:
+            kwargs["batch_size"] = self.settings.batch_size
+        if point is not None:
+            kwargs["start_after" if point.start_after else "resume_after"] = point.token
+        try:
+            stream = target.watch(**kwargs)
+        except PyMongoError as exc:
+            if point is not None and errors.is_history_lost(exc):
+                self._point = point
+                return self._restart_after_history_lost(point, exc)
+            raise errors.describe(self.settings, exc, "opening the change stream") from None
+        if point is not None:
+            self._point = point
+        else:
+            token = stream.resume_token
+            if token is None:       # MongoDB < 4.0.7 sent no postBatchResumeToken
+                stream.close()
+                raise BackendError(
+                    f'backend "{self.settings.backend}": MongoDB at {self.settings.where} '
+                    "returned no resume token for a new change stream; MongoDB 4.4 or later "
+                    "is required", fatal=True)
+            self._point = ResumePoint(token)
+        self._stream = stream
+        return stream
+
+    def _restart_after_history_lost(self, lost: ResumePoint, exc: PyMongoError):
+        """Apply the ``history_lost`` policy; on ``restart_from_now`` queue the gap event."""
+        reason = self.settings.redact(str((getattr(exc, "details", None) or {})
+                                          .get("errmsg", exc)))
+        if self.settings.history_lost != "restart_from_now":
+            raise errors.history_lost(self.settings, lost.position, reason)
+        self.log.error("mongo change stream history lost; restarting from now",
+                       lost_after=lost.position, reason=reason)
+        stream = self._open_stream(None)
+        checkpoint = self._point.to_checkpoint()
+        position = self._point.position
+        gap = Event(
+            id=f"{self.backend.name}:{position}:0",
+            type="gap",
+            backend=self.backend.name,
+            schema=self.database,
+            table=None,
+            pk=None,
+            item={"reason": "history_lost", "lost_after": lost.position,
+                  "resumed_at": position, "message": reason},
+            before=None,
+            position=position,
+            txid=None,
+            ts=format_datetime(_dt.datetime.now(_dt.timezone.utc)),
+        )
+        self._pending.append(Batch([gap], checkpoint))
+        self._reported = checkpoint
+        return stream
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _require_stream(self):
+        if self._stream is None:
+            raise BackendError(f'backend "{self.settings.backend}": read() before open() or '
+                               "after close()")
+        return self._stream
+
+    def _advance(self, stream, change) -> None:
+        """Move the in-memory point past ``change`` (or past an empty batch)."""
+        if change is not None and change.get("operationType") == "invalidate":
+            # The driver would resume with resumeAfter, which the server refuses for this
+            # token; startAfter is the only way on.
+            self._point = ResumePoint(change["_id"], start_after=True)
+            return
+        token = stream.resume_token
+        if token is None:
+            return
+        if change is not None:
+            # Like the driver: once a change was returned, resumeAfter is right again.
+            self._point = ResumePoint(token)
+        elif token != self._point.token:
+            self._point = ResumePoint(token, self._point.start_after)
+
+    def _batch(self, events: List[Event]) -> Batch:
+        checkpoint = self._point.to_checkpoint()
+        if events or checkpoint != self._reported:
+            self._reported = checkpoint
+            return Batch(events, checkpoint)
+        return Batch()
+
+
+def _has_buffered(stream) -> bool:
+    """Whether the stream holds changes it can return without asking the server.
+
+    pymongo has no public API for this; ``ChangeStream._cursor._has_next()`` is what the
+    driver itself uses to decide about the post-batch token.  Without it the only safe answer
+    is "no", which costs batching, never correctness.  (tests/unit/test_mongo_source.py pins it.)
+    """
+    cursor = getattr(stream, "_cursor", None)
+    has_next = getattr(cursor, "_has_next", None)
+    return bool(has_next()) if has_next is not None else False

@@ -1,0 +1,209 @@
+"""Connections to MySQL/MariaDB: connect with retry, name failures, watch the binlog stream.
+
+Runs in the mysql worker process, after fork.
+
+:class:`WatchedConnection` is the pymysql connection python-mysql-replication gets for both its
+binlog stream and its control queries.  Once the binlog dump command has been sent it changes
+two things on the stream:
+
+* a read at a packet boundary waits only until :attr:`WatchedConnection.deadline` and then
+  raises :class:`Idle`, having consumed nothing; so ``Source.read(timeout)`` returns on time
+  and the stream continues exactly where it was.  (A plain socket timeout would not do: pymysql
+  closes the connection on any timeout.)  The wait is a ``poll`` on the socket, so a change
+  is picked up the moment its bytes arrive.
+* when no byte at all (events or the server's heartbeats) arrived for ``dead_after`` seconds
+  it raises :class:`LinkDead`.
+
+Neither is a pymysql error, so nothing in the library can "helpfully" reconnect (its reconnect
+replays from the original start position).
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import Any, Optional
+
+import pymysql
+from pymysql.connections import MysqlPacket
+
+from ..base import BackendError
+from .settings import MysqlSettings
+
+COM_BINLOG_DUMP = 0x12
+COM_BINLOG_DUMP_GTID = 0x1E
+_CHUNK = 256 * 1024
+
+# pymysql / server error numbers this module tells apart.
+CR_CONN_HOST_ERROR = 2003
+CR_SERVER_GONE = 2006
+CR_SERVER_LOST = 2013
+ER_ACCESS_DENIED = 1045
+ER_DBACCESS_DENIED = 1044
+ER_HOST_NOT_PRIVILEGED = 1130
+ER_HOST_IS_BLOCKED = 1129
+ER_SPECIFIC_ACCESS_DENIED = 1227
+ER_MASTER_FATAL_READING_BINLOG = 1236
+ER_CON_COUNT = 1040
+ER_TOO_MANY_USER_CONNECTIONS = 1203
+
+
+class Idle(Exception):
+    """Nothing arrived before the read deadline; no byte of the stream was consumed."""
+
+
+class LinkDead(Exception):
+    """No byte (not even a heartbeat) for longer than the dead-link limit."""
+
+
+class _StreamBuffer:
+    """Stands in for pymysql's buffered socket file on a binlog stream.
+
+    pymysql reads through ``sock.makefile()``, whose buffer cannot be inspected without a
+    blocking read; this one can (:meth:`pending`), which is what lets the connection tell
+    "a packet is already here" from "wait on the socket".
+    """
+
+    __slots__ = ("_sock", "_buf", "_pos", "last_received")
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._buf = b""
+        self._pos = 0
+        self.last_received = time.monotonic()
+
+    def pending(self) -> int:
+        return len(self._buf) - self._pos
+
+    def read(self, n: int) -> bytes:
+        end = self._pos + n
+        if end <= len(self._buf):
+            out = self._buf[self._pos:end]
+            self._pos = end
+            return out
+        parts = [self._buf[self._pos:]]
+        have = len(parts[0])
+        while have < n:
+            chunk = self._sock.recv(max(_CHUNK, n - have))
+            if not chunk:
+                break       # EOF: pymysql sees a short read and reports the connection lost
+            self.last_received = time.monotonic()
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        self._buf = data
+        self._pos = min(n, len(data))
+        return data[:n]
+
+    def close(self) -> None:
+        self._buf = b""
+        self._pos = 0
+
+
+class WatchedConnection(pymysql.connections.Connection):
+    """A pymysql connection that becomes deadline-aware once it streams a binlog."""
+
+    def __init__(self, *args: Any, dead_after: float = 30.0, **kwargs: Any):
+        self.deadline = 0.0
+        self.dead_after = dead_after
+        self._stream: Optional[_StreamBuffer] = None
+        self._poller: Optional[select.poll] = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream is not None
+
+    def _write_bytes(self, data: bytes) -> None:
+        super()._write_bytes(data)
+        # The dump request is the last thing the client ever sends on this connection; the
+        # server answers nothing before it, so pymysql's read buffer is empty at this point.
+        if len(data) > 4 and data[4] in (COM_BINLOG_DUMP, COM_BINLOG_DUMP_GTID) \
+                and self._sock is not None:
+            self._stream = _StreamBuffer(self._sock)
+            self._rfile = self._stream
+            self._poller = select.poll()
+            self._poller.register(self._sock, select.POLLIN | select.POLLPRI)
+
+    def _read_packet(self, packet_type=MysqlPacket):
+        stream = self._stream
+        if stream is not None and not stream.pending():
+            self._await_bytes(stream)
+        return super()._read_packet(packet_type)
+
+    def _await_bytes(self, stream: _StreamBuffer) -> None:
+        wait = self.deadline - time.monotonic()
+        if self._poller.poll(max(0.0, wait) * 1000.0):
+            return
+        silent = time.monotonic() - stream.last_received
+        if silent > self.dead_after:
+            raise LinkDead(f"no data and no heartbeat for {silent:.0f} s")
+        raise Idle()
+
+
+def describe_error(settings: MysqlSettings, exc: BaseException) -> BackendError:
+    """A pymysql error during connect or streaming, as the operator should read it.
+
+    Fatal when retrying cannot help (credentials, privileges, purged binlog); transient
+    otherwise.  Never includes the password.
+    """
+    who = settings.describe()
+    where = settings.address
+    code = exc.args[0] if getattr(exc, "args", None) and isinstance(exc.args[0], int) else None
+    text = exc.args[1] if code is not None and len(exc.args) > 1 else str(exc)
+    if code == ER_ACCESS_DENIED:
+        return BackendError(
+            f"{who}: access denied for user \"{settings.user}\" at {where} ({text}); check the "
+            f"backend's user and password", fatal=True)
+    if code == ER_HOST_NOT_PRIVILEGED:
+        return BackendError(
+            f"{who}: {where} does not let this host connect ({text}); create the user for this "
+            f"host (CREATE USER '{settings.user}'@'<this host>')", fatal=True)
+    if code == ER_DBACCESS_DENIED:
+        return BackendError(f"{who}: {text}; grant the user access to the database", fatal=True)
+    if code == ER_SPECIFIC_ACCESS_DENIED:
+        return BackendError(
+            f"{who}: user \"{settings.user}\" lacks a privilege at {where} ({text}); "
+            f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{settings.user}'",
+            fatal=True)
+    if code == ER_HOST_IS_BLOCKED:
+        return BackendError(
+            f"{who}: {where} blocks this host after too many failed connections ({text}); run "
+            f"FLUSH HOSTS (mariadb-admin flush-hosts) on the server")
+    if code in (ER_CON_COUNT, ER_TOO_MANY_USER_CONNECTIONS):
+        return BackendError(f"{who}: {where} refuses more connections ({text}); will retry")
+    if code in (CR_CONN_HOST_ERROR, CR_SERVER_GONE, CR_SERVER_LOST) or code is None or code >= 2000:
+        return BackendError(
+            f"{who}: cannot reach MySQL/MariaDB at {where} ({text}); check that the server "
+            f"runs and that host and port are right")
+    return BackendError(f"{who}: server error {code} at {where}: {text}")
+
+
+def connect(settings: MysqlSettings, log, *, retry_seconds: Optional[float] = None,
+            **extra: Any) -> WatchedConnection:
+    """A connection for queries, retried with backoff while the failure is transient.
+
+    Gives up after ``retry_seconds`` (default: the backend's ``connect_retry_seconds``)
+    with a non-fatal :class:`BackendError` naming host and port; fails at once on fatal
+    errors (wrong password ...).
+    """
+    limit = settings.connect_retry_seconds if retry_seconds is None else retry_seconds
+    give_up = time.monotonic() + limit
+    delay = 0.25
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return WatchedConnection(**settings.connection_kwargs(**extra))
+        except pymysql.err.MySQLError as exc:
+            error = describe_error(settings, exc)
+            remaining = give_up - time.monotonic()
+            if error.fatal or remaining <= 0:
+                if not error.fatal and attempts > 1:
+                    error = BackendError(f"{error} (gave up after {attempts} attempts in "
+                                         f"{limit:g} s)")
+                raise error from None
+            log.warning("mysql connect failed, retrying", error=str(error),
+                        retry_in=round(min(delay, remaining), 2))
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 5.0)

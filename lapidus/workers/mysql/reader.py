@@ -1,0 +1,223 @@
+"""The binlog event reader: python-mysql-replication's parser, Lapidus's own read loop.
+
+Runs in the mysql worker process, after fork.
+
+:class:`BinlogReader` keeps the library's connection set-up (checksum negotiation, heartbeat
+period, replica registration, MariaDB/MySQL GTID dump) and its event parser, and replaces
+``fetchone`` with a loop that
+
+* never reconnects: the library's reconnect replays from the original start position and
+  duplicates; a lost stream raises instead, and the worker restarts from its checkpoint;
+* treats the end of the stream as an error instead of silently reconnecting on the next call;
+* applies the backend's table scope on the table map, before any row is decoded (rows of a
+  table whose map is not kept are skipped by the library without reading a column);
+* decodes temporal and BIT columns exactly (:class:`_ExactRows`).
+
+It reaches into the library's private attributes (``_BinLogStreamReader__...``); they are
+checked at construction so that another library version fails loudly, not subtly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import BINLOG
+from pymysqlreplication.event import (
+    FormatDescriptionEvent, HeartbeatLogEvent, MariadbGtidEvent, GtidEvent, QueryEvent,
+    RotateEvent, XidEvent,
+)
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent, PartialUpdateRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent,
+)
+
+from . import temporal
+from .connection import WatchedConnection
+from .scope import Scope
+from .settings import MysqlSettings
+
+
+class StreamEnded(Exception):
+    """The server ended the binlog stream (EOF packet)."""
+
+
+class _ExactRows:
+    """Row-event mixin: exact text for temporal columns, integers for BIT.
+
+    Overrides private readers of ``RowsEvent`` (name-mangled ``_RowsEvent__...``); the
+    rest of the library's column decoding is untouched.
+    """
+
+    def _RowsEvent__read_date(self):
+        return temporal.date_text(self.packet.read_uint24())
+
+    def _RowsEvent__read_datetime2(self, column):
+        return temporal.datetime2_text(
+            self.packet.read(5 + temporal.fraction_bytes(column.fsp)), column.fsp)
+
+    def _RowsEvent__read_time2(self, column):
+        return temporal.time2_text(
+            self.packet.read(3 + temporal.fraction_bytes(column.fsp)), column.fsp)
+
+    def _RowsEvent__add_fsp_to_time(self, time, column):
+        # Only TIMESTAMP2 still reaches this (DATETIME2 is read above): ``time`` is the
+        # library's utcfromtimestamp() of the 4 seconds bytes it has just read.
+        seconds = int((time - temporal._EPOCH).total_seconds())
+        frac = self.packet.read(temporal.fraction_bytes(column.fsp))
+        return temporal.timestamp2_text(seconds.to_bytes(4, "big") + frac, column.fsp)
+
+    def _RowsEvent__read_bit(self, column):
+        return int.from_bytes(self.packet.read(column.bytes), "big")
+
+
+class ExactWriteRows(_ExactRows, WriteRowsEvent):
+    pass
+
+
+class ExactUpdateRows(_ExactRows, UpdateRowsEvent):
+    pass
+
+
+class ExactDeleteRows(_ExactRows, DeleteRowsEvent):
+    pass
+
+
+class ExactPartialUpdateRows(_ExactRows, PartialUpdateRowsEvent):
+    pass
+
+
+_ROW_CLASSES = {
+    BINLOG.WRITE_ROWS_EVENT_V1: ExactWriteRows, BINLOG.WRITE_ROWS_EVENT_V2: ExactWriteRows,
+    BINLOG.UPDATE_ROWS_EVENT_V1: ExactUpdateRows, BINLOG.UPDATE_ROWS_EVENT_V2: ExactUpdateRows,
+    BINLOG.DELETE_ROWS_EVENT_V1: ExactDeleteRows, BINLOG.DELETE_ROWS_EVENT_V2: ExactDeleteRows,
+    BINLOG.PARTIAL_UPDATE_ROWS_EVENT: ExactPartialUpdateRows,
+}
+
+
+class _PacketWrapper(BinLogPacketWrapper):
+    """The library's packet parser with the exact row classes in its event map."""
+
+    _BinLogPacketWrapper__event_map = {
+        **BinLogPacketWrapper._BinLogPacketWrapper__event_map, **_ROW_CLASSES}
+
+
+# What the read loop hands out; everything else is consumed inside.
+EVENTS = frozenset({
+    MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, TableMapEvent,
+    HeartbeatLogEvent, FormatDescriptionEvent,
+    ExactWriteRows, ExactUpdateRows, ExactDeleteRows, ExactPartialUpdateRows,
+})
+
+_PRIVATE = ("_BinLogStreamReader__connected_stream", "_BinLogStreamReader__connected_ctl",
+            "_BinLogStreamReader__use_checksum", "_BinLogStreamReader__optional_meta_data",
+            "_BinLogStreamReader__post_header_lengths", "_BinLogStreamReader__only_schemas")
+
+
+class BinlogReader(BinLogStreamReader):
+    """One binlog stream from a given start, read with :meth:`fetchone`.
+
+    ``gtid`` (MariaDB position or MySQL executed set) starts the stream after those
+    transactions; without it, ``log_file``/``log_pos`` (MySQL without GTIDs).
+    """
+
+    def __init__(self, settings: MysqlSettings, *, mariadb: bool, gtid: Optional[str],
+                 log_file: Optional[str], log_pos: Optional[int], scope: Scope):
+        self.scope = scope
+        self._settings = settings
+        super().__init__(
+            connection_settings=settings.connection_kwargs(
+                read_timeout=settings.dead_after, dead_after=settings.dead_after),
+            server_id=settings.server_id,
+            blocking=True,
+            resume_stream=True,
+            log_file=log_file,
+            log_pos=log_pos,
+            # MariaDB: an empty position means "from the first binlog"; that is only used on
+            # a server that has never written a GTID, so nothing is replayed.
+            auto_position=gtid if gtid is not None else None,
+            only_schemas=list(scope.static_schemas) if scope.static_schemas else None,
+            only_events=list(EVENTS),
+            is_mariadb=mariadb,
+            report_slave=settings.report_host,
+            slave_heartbeat=settings.heartbeat_seconds,
+            pymysql_wrapper=WatchedConnection,
+            enable_logging=False,
+        )
+        missing = [name for name in _PRIVATE if not hasattr(self, name)]
+        if missing:
+            raise RuntimeError(
+                "this python-mysql-replication version is not supported by lapidus (missing "
+                f"{', '.join(missing)}); install mysql-replication==1.0.17")
+        self._allowed = EVENTS
+
+    @property
+    def stream(self) -> Optional[WatchedConnection]:
+        if getattr(self, "_BinLogStreamReader__connected_stream", False):
+            return self._stream_connection
+        return None
+
+    def set_deadline(self, deadline: float) -> None:
+        """Reads at a packet boundary give up (raising ``Idle``) at this monotonic time."""
+        self._deadline = deadline
+        stream = self.stream
+        if stream is not None:
+            stream.deadline = deadline
+
+    def connect(self) -> None:
+        """Open the control and stream connections and send the dump request."""
+        if not self._BinLogStreamReader__connected_ctl:
+            self._BinLogStreamReader__connect_to_ctl()
+        if not self._BinLogStreamReader__connected_stream:
+            self._BinLogStreamReader__connect_to_stream()
+            self._stream_connection.deadline = getattr(self, "_deadline", 0.0)
+
+    def fetchone(self) -> Any:
+        """The next event of interest.  Raises ``Idle`` at the deadline, ``LinkDead``,
+        ``StreamEnded`` or pymysql errors; never reconnects."""
+        if not (self._BinLogStreamReader__connected_stream
+                and self._BinLogStreamReader__connected_ctl):
+            self.connect()
+        stream = self._stream_connection
+        while True:
+            packet = stream._read_packet()
+            if packet.is_eof_packet():
+                self.close()
+                raise StreamEnded("the server ended the binlog stream")
+            if not packet.is_ok_packet():
+                continue
+            wrapped = _PacketWrapper(
+                packet, self.table_map, self._ctl_connection, self.mysql_version,
+                self._BinLogStreamReader__use_checksum, self._allowed,
+                None, None, self._BinLogStreamReader__only_schemas, None,
+                False,                                        # freeze_schema: ALTER must work
+                False,                                        # ignore_decode_errors
+                False,                                        # verify_checksum
+                self._BinLogStreamReader__optional_meta_data,
+                False,                                        # enable_logging
+                False,                                        # use_column_name_cache
+                self._BinLogStreamReader__post_header_lengths,
+            )
+            kind = wrapped.event_type
+            event = wrapped.event
+            if kind == BINLOG.ROTATE_EVENT:
+                self.log_pos = event.position
+                self.log_file = event.next_binlog
+                # Table ids are reused after a server restart, which always starts a new file.
+                if wrapped.timestamp != 0:
+                    self.table_map = {}
+            elif wrapped.log_pos:
+                self.log_pos = wrapped.log_pos
+            if kind == BINLOG.FORMAT_DESCRIPTION_EVENT and event is not None:
+                self.mysql_version = event.mysql_version
+                self._BinLogStreamReader__post_header_lengths = event.post_header_len
+            if kind == BINLOG.TABLE_MAP_EVENT and event is not None:
+                if self.scope.allows(event.schema, event.table):
+                    self.table_map[event.table_id] = event.get_table()
+                else:
+                    # Dropping the map makes the library skip this table's rows undecoded.
+                    self.table_map.pop(event.table_id, None)
+                    continue
+            if event is None:
+                continue
+            return event

@@ -1,0 +1,90 @@
+"""The mysql backend's options, with defaults, read from ``BackendConfig.options``.
+
+Runs in the mysql worker process.  The configuration loader validates and normalises the
+options (snake_case keys); this module only applies defaults, so the source also works with
+a bare dict of options (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+
+def default_server_id(name: str) -> int:
+    """A stable replica server id derived from the backend name.
+
+    Every reader of one server needs its own id (a second connection with the same id makes
+    the server drop the first), so two backends left on the default must not share one.
+    Kept in 1_000_000_000..1_999_999_999, far from hand-picked ids like 1, 2, 100.
+    """
+    return 1_000_000_000 + zlib.crc32(name.encode("utf-8")) % 1_000_000_000
+
+
+@dataclass(frozen=True)
+class MysqlSettings:
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = field(default="", repr=False)     # never in logs or messages
+    database: Optional[str] = None
+    server_id: int = 0
+    connect_timeout: float = 10.0
+    connect_retry_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    allow_partial_row_image: bool = False
+    flavor: Optional[str] = None          # "mariadb" | "mysql" | None: ask the server
+    batch_size: int = 1000
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def dead_after(self) -> float:
+        """Seconds without a byte (events or heartbeats) after which the link counts as dead."""
+        return max(self.heartbeat_seconds * 3.0, self.heartbeat_seconds + 5.0)
+
+    @property
+    def report_host(self) -> str:
+        """How this reader names itself in SHOW SLAVE HOSTS (lets the server-id check tell
+        our own previous connection from another replica)."""
+        return f"lapidus/{self.name}@{socket.gethostname()}"[:60]
+
+    def connection_kwargs(self, **extra: Any) -> dict:
+        """pymysql.connect() arguments.  The password stays here: never logged or shown."""
+        kwargs = dict(host=self.host, port=self.port, user=self.user, password=self.password,
+                      connect_timeout=self.connect_timeout, charset="utf8mb4", autocommit=True)
+        kwargs.update(extra)
+        return kwargs
+
+    def describe(self) -> str:
+        return f'backend "{self.name}"'
+
+
+def settings_from(name: str, options: Optional[Mapping[str, Any]]) -> MysqlSettings:
+    """Defaults applied to ``options`` (snake_case keys, as the configuration loader gives them)."""
+    o = dict(options or {})
+    flavor = o.get("flavor")
+    if flavor is not None:
+        flavor = str(flavor).lower()
+        if flavor not in ("mariadb", "mysql"):
+            flavor = None
+    return MysqlSettings(
+        name=name,
+        host=str(o.get("host") or "127.0.0.1"),
+        port=int(o.get("port") or 3306),
+        user=str(o.get("user") or "root"),
+        password=str(o.get("password") or ""),
+        database=o.get("database") or None,
+        server_id=int(o.get("server_id") or default_server_id(name)),
+        connect_timeout=float(o.get("connect_timeout") or 10.0),
+        connect_retry_seconds=float(o.get("connect_retry_seconds", 30.0)),
+        heartbeat_seconds=float(o.get("heartbeat_seconds") or 5.0),
+        allow_partial_row_image=bool(o.get("allow_partial_row_image", False)),
+        flavor=flavor,
+        batch_size=int(o.get("batch_size") or 1000),
+    )

@@ -1,0 +1,217 @@
+"""Fixtures for integration tests: real PostgreSQL, and Lapidus run as a real process.
+
+The servers are the local ones configured by scripts/setup-local (`make test` runs it).
+Every database, slot and process a test creates is removed afterwards, even on failure:
+a leftover logical slot would keep WAL forever and stop PostgreSQL from starting with a
+lower wal_level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import psycopg2
+import pytest
+
+from tests.conftest import wait_until
+
+PG = dict(host="127.0.0.1", port=5432, user="postgres")
+
+
+def pg_connect(dbname: str = "postgres"):
+    conn = psycopg2.connect(dbname=dbname, **PG)
+    conn.autocommit = True
+    return conn
+
+
+def drop_slots_of(conn, database: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                    (database,))
+        for slot, pid in cur.fetchall():
+            if pid:
+                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_until(lambda: not _slot_active(conn, slot), 10, message=f"slot {slot} idle")
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def _slot_active(conn, slot):
+    with conn.cursor() as cur:
+        cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        row = cur.fetchone()
+        return bool(row and row[0])
+
+
+class PgDatabase:
+    """A throw-away database: ``sql()`` runs statements, ``name`` goes into backend configs."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.conn = pg_connect(name)
+
+    def sql(self, *statements, args=None):
+        with self.conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement, args)
+            if cur.description:
+                return cur.fetchall()
+        return None
+
+    def slot(self, slot: str):
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT active, active_pid, confirmed_flush_lsn::text "
+                        "FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            return cur.fetchone()
+
+
+@pytest.fixture
+def pg_db():
+    name = f"lapidus_it_{uuid.uuid4().hex[:10]}"
+    admin = pg_connect()
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    db = PgDatabase(name)
+    try:
+        yield db
+    finally:
+        db.conn.close()
+        drop_slots_of(admin, name)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+class LapidusProcess:
+    """``lapidus -c CONFIG`` in its own process group, stdout captured to a file."""
+
+    def __init__(self, config: dict, workdir: Path, extra_args=()):
+        self.workdir = workdir
+        self.config_path = workdir / "lapidus.json"
+        self.config_path.write_text(json.dumps(config))
+        self.stdout_path = workdir / "events.jsonl"
+        self.stderr_path = workdir / "lapidus.log"
+        self.extra_args = list(extra_args)
+        self.proc = None
+
+    def start(self):
+        out = open(self.stdout_path, "ab")
+        err = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lapidus", "-c", str(self.config_path), *self.extra_args],
+            stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=self.workdir)
+        out.close()
+        err.close()
+        return self
+
+    # -- observing ----------------------------------------------------------------------
+
+    def events(self):
+        if not self.stdout_path.exists():
+            return []
+        lines = self.stdout_path.read_bytes().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def wait_events(self, count: int, timeout: float = 30.0):
+        return wait_until(lambda: (lambda ev: ev if len(ev) >= count else None)(self.events()),
+                          timeout, message=f"{count} events on stdout; log:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    def wait_log(self, text: str, timeout: float = 30.0):
+        wait_until(lambda: text in self.log(), timeout,
+                   message=f"{text!r} in the log:\n{self.log()[-3000:]}")
+
+    def children(self):
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def worker_pid(self, backend: str) -> int:
+        def find():
+            for child in self.children():
+                try:
+                    if child.name() == f"lapidus:{backend}"[:15]:
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    pass
+            return None
+        return wait_until(find, 20, message=f"worker process of {backend}")
+
+    def recvlogical_pid(self) -> int:
+        def find():
+            for child in self.children():
+                try:
+                    if child.name() == "pg_recvlogical":
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    pass
+            return None
+        return wait_until(find, 20, message="pg_recvlogical process")
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self):
+        """SIGKILL the supervisor only (its children must die by themselves)."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def cleanup(self):
+        if self.proc is None:
+            return
+        try:
+            group = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            group = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        if group is not None:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def lapidus_factory(tmp_path):
+    """Start Lapidus processes; every one is stopped at the end of the test."""
+    started = []
+
+    def start(config: dict, extra_args=(), workdir: Path = None):
+        directory = workdir or tmp_path
+        config.setdefault("state_dir", str(tmp_path / "state"))
+        config.setdefault("log", {"format": "json", "level": "info"})
+        proc = LapidusProcess(config, directory, extra_args).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.cleanup()
+
+
+def pg_backend(db: PgDatabase, name: str = "pg", **options) -> dict:
+    backend = {"name": name, "type": "postgresql", "host": "127.0.0.1", "port": 5432,
+               "user": "postgres", "database": db.name, "slot": f"{db.name}_{name}"}
+    backend.update(options)
+    return backend
