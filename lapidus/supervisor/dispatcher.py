@@ -17,7 +17,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .. import logs
-from ..procutil import die_with_parent, set_process_name
+from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
@@ -178,6 +178,7 @@ def dispatcher_main(config, socket_path: str, parent_pid: int) -> None:
     """Entry point of the dispatcher process (target of multiprocessing.Process)."""
     die_with_parent(signal.SIGKILL, parent_pid)
     set_process_name("lapidus:dispatch")
+    tune_gc_for_throughput()
     logs.configure(config.log.format, config.log.level, process="dispatcher")
     dispatcher = Dispatcher(config, socket_path, logs.get_logger())
     code = asyncio.run(dispatcher.serve())

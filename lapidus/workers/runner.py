@@ -20,7 +20,7 @@ from typing import Any, Deque, Optional, Tuple
 from .. import logs
 from ..checkpoint import CheckpointStore
 from ..events import to_record
-from ..procutil import die_with_parent, set_process_name
+from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
 
@@ -187,6 +187,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
     die_with_parent(signal.SIGKILL, parent_pid)
     set_process_name(f"lapidus:{backend.name}")
+    tune_gc_for_throughput()
     logs.configure(log_format, log_level, process="worker")
     log = logs.get_logger(backend=backend.name)
     path = Path(state_dir)

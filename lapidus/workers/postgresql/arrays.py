@@ -135,7 +135,8 @@ def _parse_general(text: str, body: str, delimiter: str, token: Pattern[str]) ->
                 raise ValueError(f"malformed array {text!r}: text after the closing brace")
         elif kind == "delim":
             if state != _AFTER_ELEMENT or not stack:
-                raise ValueError(f"malformed array {text!r}: unexpected {delimiter!r} at {pos + skip}")
+                raise ValueError(
+                    f"malformed array {text!r}: unexpected {delimiter!r} at {pos + skip}")
             state = _AFTER_DELIM
         else:
             if state == _AFTER_ELEMENT or not stack:

@@ -109,8 +109,9 @@ _TIMESTAMPTZ = re.compile(
 def to_timestamptz(value: str) -> str:
     """timestamptz: RFC 3339 in UTC with ``Z``, fractional digits kept exactly as given.
 
-    ``2026-11-30 11:33:35.295384+00`` -> ``2026-11-30T11:33:35.295384Z`` by slicing (the
-    replication session runs in UTC, so this is the path taken); other offsets are converted.
+    ``2026-11-30 11:33:35.295384+00`` -> ``2026-11-30T11:33:35.295384Z`` by string operations
+    alone (the replication session runs in UTC, so this is the path taken); other offsets are
+    converted with :func:`timestamptz_to_utc`, about 15 times slower.
     ``infinity``, ``-infinity`` and instants outside years 1-9999 in UTC keep PostgreSQL's text.
     """
     # Only ISO output ends in "+00" (other DateStyles write "UTC"); with a four-digit year
@@ -273,7 +274,7 @@ class PgType:
     typtype: str        # b base, c composite, d domain, e enum, p pseudo, r range, m multirange
     category: str       # typcategory: 'A' array, 'E' enum ...
     elem: int           # typelem: element type of an array, else 0
-    length: int         # typlen: -1 for varlena (arrays); fixed-size types like point are not arrays
+    length: int         # typlen: -1 for arrays; point and name have typelem but a fixed size
     basetype: int       # typbasetype: the type a domain is over, else 0
     delimiter: str      # typdelim: the separator when this type is an array element
 
@@ -291,8 +292,9 @@ class TypeMap:
     :meth:`converter` is the hot path (one dict lookup, never fails: an unknown OID maps to
     its text).  :meth:`resolve` looks unknown OIDs up in pg_type and caches their converters:
     enum -> text, domain -> its base type's converter, array -> array of the element's
-    converter, composite/range/anything else -> text.  Type OIDs are never reused for another
-    type while a column still has it, so entries never expire.
+    converter, composite/range/anything else -> text.  Entries never expire: a type's OID and
+    kind never change while it exists.  (Known gap: after OID wrap-around a dropped type's OID
+    could be given to a new type, which would then keep the old, cached converter.)
 
     ``converters`` pre-fills OID -> converter entries and ``types`` pg_type rows, so tests and
     callers that already know the catalog need no connection.
@@ -336,6 +338,8 @@ class TypeMap:
         replication connection).  Returns the OIDs pg_type did not have (a type dropped since
         the change was written): they are cached as text, so they are asked for once.  If the
         connection was idle, it is left idle: no transaction holds a snapshot afterwards.
+        The connection must see current catalogs: not inside an old REPEATABLE READ transaction,
+        or types created since would be taken for missing.
         """
         pending = set(self.unknown(oids))
         if not pending:

@@ -15,13 +15,38 @@ which columns the table has, and the missing ones go to the event's ``unchanged`
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgspec
 
 from .decoding import Begin, Change, Commit, parse_lsn
+from .types import to_int, to_text
 
 NUMERIC_OID = 1700
+INT_OIDS = frozenset({20, 21, 23, 26})
+
+
+class Column(msgspec.Struct):
+    name: str
+    typeoid: int = 0
+    value: Any = None
+
+
+class Message(msgspec.Struct):
+    """One wal2json v2 line; msgspec fills only the fields the line has."""
+
+    action: str
+    xid: Optional[int] = None
+    lsn: Optional[str] = None
+    timestamp: Optional[str] = None
+    schema: Optional[str] = None
+    table: Optional[str] = None
+    columns: Optional[List[Column]] = None
+    identity: Optional[List[Column]] = None
+    pk: Optional[List[Column]] = None
+    prefix: Optional[str] = None
+    content: Optional[str] = None
+    transactional: Optional[bool] = None
 
 
 def utc_timestamp(text: Optional[str]) -> Optional[str]:
@@ -43,8 +68,9 @@ class Wal2JsonDecoder:
         self.catalog = catalog      # converter(oid), columns_of(schema, table)
         self.table_filter = table_filter
         self.messages = messages
-        self._json = msgspec.json.Decoder(float_hook=str)
-        self._converters: Dict[int, Callable] = {}
+        self._json = msgspec.json.Decoder(Message, float_hook=str)
+        # oid -> converter, or None where wal2json's value already is the JSON value
+        self._converters: Dict[int, Optional[Callable]] = {}
 
     def plugin_options(self) -> List[str]:
         opts = ["format-version=2", "include-xids=1", "include-timestamp=1", "include-lsn=1",
@@ -61,59 +87,63 @@ class Wal2JsonDecoder:
 
     def decode(self, frame: bytes):
         msg = self._json.decode(frame)
-        action = msg["action"]
+        action = msg.action
         if action in ("I", "U", "D"):
-            if not self.table_filter.allows(msg["schema"], msg["table"]):
+            if not self.table_filter.allows(msg.schema, msg.table):
                 return None
             return self._row(action, msg)
         if action == "B":
-            xid = msg.get("xid")
-            return Begin(parse_lsn(msg["lsn"]), None if xid is None else str(xid),
-                         utc_timestamp(msg.get("timestamp")))
+            xid = msg.xid
+            return Begin(parse_lsn(msg.lsn), None if xid is None else str(xid),
+                         utc_timestamp(msg.timestamp))
         if action == "C":
-            return Commit(parse_lsn(msg["lsn"]))
+            return Commit(parse_lsn(msg.lsn))
         if action == "T":
-            if not self.table_filter.allows(msg["schema"], msg["table"]):
+            if not self.table_filter.allows(msg.schema, msg.table):
                 return None
-            return Change("truncate", msg["schema"], msg["table"])
+            return Change("truncate", msg.schema, msg.table)
         if action == "M":
             if not self.messages:
                 return None
-            return Change("message", prefix=msg["prefix"], content=msg["content"],
-                          transactional=msg["transactional"], lsn=parse_lsn(msg["lsn"]))
+            return Change("message", prefix=msg.prefix, content=msg.content,
+                          transactional=msg.transactional, lsn=parse_lsn(msg.lsn))
         return None
 
     # -- rows ---------------------------------------------------------------------------
 
-    def _converter(self, oid: int) -> Callable:
-        conv = self._converters.get(oid)
-        if conv is None:
-            conv = self.catalog.converter(oid)
-            if oid == NUMERIC_OID:
-                # An integral numeric arrives as a JSON integer; its text is exact.
-                base = conv
-                conv = lambda v, base=base: base(str(v) if type(v) is int else v)  # noqa: E731
-            self._converters[oid] = conv
+    def _converter(self, oid: int) -> Optional[Callable]:
+        conv = self.catalog.converter(oid)
+        if oid in INT_OIDS and conv is to_int or conv is to_text:
+            conv = None     # msgspec already gave the int / the text: nothing to do per value
+        elif oid == NUMERIC_OID:
+            # An integral numeric arrives as a JSON integer; its text is exact.
+            base = conv
+            conv = lambda v, base=base: base(str(v) if type(v) is int else v)  # noqa: E731
+        self._converters[oid] = conv
         return conv
 
-    def _values(self, columns: list) -> dict:
+    def _values(self, columns: List[Column]) -> dict:
         out = {}
-        conv = self._converter
+        converters = self._converters
         for col in columns:
-            value = col["value"]
-            out[col["name"]] = None if value is None else conv(col["typeoid"])(value)
+            value = col.value
+            if value is not None:
+                oid = col.typeoid
+                conv = converters[oid] if oid in converters else self._converter(oid)
+                if conv is not None:
+                    value = conv(value)
+            out[col.name] = value
         return out
 
-    def _row(self, action: str, msg: dict) -> Change:
-        schema, table = msg["schema"], msg["table"]
-        key_names = [k["name"] for k in msg.get("pk") or ()]
+    def _row(self, action: str, msg: Message) -> Change:
+        schema, table = msg.schema, msg.table
+        key_names = [k.name for k in msg.pk] if msg.pk else ()
         item = before = None
         unchanged = None
         if action != "D":
-            columns = msg["columns"]
-            item = self._values(columns)
+            item = self._values(msg.columns)
         if action != "I":
-            identity = msg.get("identity")
+            identity = msg.identity
             before = self._values(identity) if identity else None
         if action == "U":
             unchanged = self._unchanged(schema, table, item) or None
