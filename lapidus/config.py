@@ -210,6 +210,19 @@ def load_config(path: Union[str, os.PathLike, None] = None, *,
     return parse_config(data, source=source, env=env, plugin_validators=plugin_validators)
 
 
+def control_socket_for(path: Union[str, os.PathLike, None] = None) -> Path:
+    """The control socket of the configuration at ``path``, judged by its top-level settings
+    only: an operator must reach a running lapidus even after editing a backend into an
+    invalid state (the running one keeps its old configuration)."""
+    if path is None:
+        found = [Path(name) for name in DEFAULT_FILES if Path(name).is_file()]
+        path = found[0] if found else Path(DEFAULT_FILES[0])
+    data = read_file(Path(path))
+    minimal = {key: data[key] for key in ("state_dir", "control") if key in data}
+    minimal["backends"] = [{"type": "postgresql", "database": "placeholder"}]
+    return parse_config(minimal, source=str(Path(path).absolute())).control.socket
+
+
 def read_file(path: Path) -> Dict[str, Any]:
     """Parse a TOML or JSON file into a dict; ConfigError naming file, line and column."""
     try:

@@ -77,7 +77,10 @@ class DispatcherLink:
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return None
-        data = self.sock.recv(65536)
+        try:
+            data = self.sock.recv(65536)
+        except OSError as exc:   # reset when the dispatcher died with our batches unread
+            raise LinkLost(f"dispatcher connection lost: {exc}") from None
         if not data:
             raise LinkLost("dispatcher closed the connection")
         self._buffer += data

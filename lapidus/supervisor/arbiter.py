@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 from .. import logs
 from ..workers.runner import worker_main
 from .backoff import RestartPolicy
+from .control_server import ControlServer
 from .dispatcher import EXIT_OUTPUT_CLOSED, dispatcher_main
 from .handles import ChildHandle
 from .states import State
@@ -47,19 +48,27 @@ class Arbiter:
         self.exit_code = 0
         self.socket_dir = tempfile.mkdtemp(prefix="lapidus-")
         self.socket_path = os.path.join(self.socket_dir, "dispatch.sock")
-        sup = config.supervisor
         self.workers: Dict[str, ChildHandle] = {}
+        self.backends = {}
         for backend in config.backends:
-            if not backend.options.get("enabled", True):
-                continue
-            policy = RestartPolicy(sup.max_restarts, sup.restart_window, sup.backoff_initial,
-                                   sup.backoff_max)
-            self.workers[backend.name] = ChildHandle(
-                backend.name, policy, self.log.bind(backend=backend.name))
+            if backend.options.get("enabled", True):
+                self._add_backend(backend)
         self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
-        self.backends = {b.name: b for b in config.backends}
         self._lock_fd: Optional[int] = None
+        self.control = ControlServer(config.control.socket, {
+            "status": lambda _req: {"ok": True, **self.status()},
+            "restart": self.cmd_restart, "stop": self.cmd_stop, "start": self.cmd_start,
+        }, self.log)
+
+    def _add_backend(self, backend) -> ChildHandle:
+        sup = self.config.supervisor
+        policy = RestartPolicy(sup.max_restarts, sup.restart_window, sup.backoff_initial,
+                               sup.backoff_max)
+        handle = ChildHandle(backend.name, policy, self.log.bind(backend=backend.name))
+        self.workers[backend.name] = handle
+        self.backends[backend.name] = backend
+        return handle
 
     # -- signals --------------------------------------------------------------------------
 
@@ -81,7 +90,7 @@ class Arbiter:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.begin_stop(f"received {signal.Signals(signum).name}")
             elif signum == signal.SIGHUP:
-                self.log.warning("SIGHUP: configuration reload is not supported yet; ignoring")
+                self.reload()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -103,6 +112,7 @@ class Arbiter:
     def run(self) -> int:
         self._lock_state_dir()
         wakeup = self._install_signals()
+        self.control.open()
         self.log.info("lapidus starting", backends=list(self.workers), pid=os.getpid())
         self._spawn_dispatcher()
         for handle in self.workers.values():
@@ -122,6 +132,7 @@ class Arbiter:
                     self.exit_code = 1
                     self.begin_stop("no backend left")
         finally:
+            self.control.close()
             for handle in list(self.workers.values()) + [self.dispatcher]:
                 handle.kill()
             try:
@@ -138,7 +149,9 @@ class Arbiter:
         due = [h.next_start for h in self.workers.values() if h.state == State.BACKOFF]
         if due:
             timeout = max(0.0, min(timeout, min(due) - time.monotonic()))
-        ready = multiprocessing.connection.wait(conns + [wakeup], timeout)
+        ready = multiprocessing.connection.wait(conns + [wakeup, self.control], timeout)
+        if self.control in ready:
+            self.control.accept_and_answer()
         for item in ready:
             if item == wakeup:
                 try:
@@ -188,6 +201,10 @@ class Arbiter:
             if handle.state == State.BACKOFF and now >= handle.next_start:
                 # BACKOFF -> STARTING
                 self._spawn_worker(handle)
+            elif handle.state == State.STOPPED and handle.restart_requested:
+                # STOPPED -> STARTING: an operator's restart
+                handle.restart_requested = False
+                self._spawn_worker(handle)
 
     def begin_stop(self, reason: str) -> None:
         if self.stopping:
@@ -219,9 +236,84 @@ class Arbiter:
             self.dispatcher.process = None
         return True
 
+    # -- operator commands (control socket, signals) -----------------------------------------
+
+    def _handles(self, name: Optional[str]):
+        if name is None:
+            return list(self.workers.values())
+        if name not in self.workers:
+            raise KeyError(f'unknown backend "{name}" (configured: {", ".join(self.workers)})')
+        return [self.workers[name]]
+
+    def cmd_restart(self, request: dict) -> dict:
+        """Restart one backend, or all: stop (draining), then start at once, crash count reset."""
+        handles = self._handles(request.get("backend"))
+        for handle in handles:
+            handle.policy.reset()
+            handle.restart_requested = True
+            if handle.process is not None:
+                handle.stop()
+            else:
+                handle.state = State.STOPPED
+        return {"ok": True, "restarted": [h.name for h in handles]}
+
+    def cmd_stop(self, request: dict) -> dict:
+        handles = self._handles(request.get("backend") or "")
+        for handle in handles:
+            handle.restart_requested = False
+            handle.stop()
+        return {"ok": True, "stopped": [h.name for h in handles]}
+
+    def cmd_start(self, request: dict) -> dict:
+        handles = self._handles(request.get("backend") or "")
+        for handle in handles:
+            if handle.process is None:
+                # STOPPED/FATAL -> STARTING: the operator fixed the cause
+                handle.policy.reset()
+                handle.last_error = None
+                self._spawn_worker(handle)
+        return {"ok": True, "started": [h.name for h in handles]}
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again; restart only backends whose settings changed."""
+        from ..config import ConfigError, load_config
+        from ..sinks import registry
+        try:
+            new = load_config(self.config.source, plugin_validators=registry.validators())
+        except ConfigError as exc:
+            self.log.error("reload refused: the configuration is invalid; still running the old",
+                           problems=exc.problems)
+            return
+        if "stdout" in self.config.plugins and "stdout" not in new.plugins:
+            new = new.with_plugin("stdout")   # --stdout was given on the command line
+        old_backends = self.backends
+        new_backends = {b.name: b for b in new.backends if b.options.get("enabled", True)}
+        plugins_changed = any(self.config.plugins_for(b) != new.plugins_for(b)
+                              for b in new_backends.values() if b.name in old_backends) \
+            or self.config.plugins != new.plugins
+        self.config = new
+        for name in old_backends.keys() - new_backends.keys():
+            self.log.info("reload: backend removed", backend=name)
+            self.workers[name].restart_requested = False
+            self.workers[name].stop()
+            self.workers[name].removed = True
+        for name, backend in new_backends.items():
+            if name not in old_backends:
+                self.log.info("reload: backend added", backend=name)
+                self._spawn_worker(self._add_backend(backend))
+            elif backend != old_backends[name]:
+                self.log.info("reload: backend changed; restarting it", backend=name)
+                self.backends[name] = backend
+                self.cmd_restart({"backend": name})
+        if plugins_changed and self.dispatcher.process is not None:
+            self.log.info("reload: plugins changed; restarting the dispatcher")
+            self.dispatcher.kill()   # workers reconnect and resend what was not confirmed
+        self.log.info("configuration reloaded", backends=list(new_backends))
+
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict:
-        return {"pid": os.getpid(),
-                "backends": [h.snapshot() for h in self.workers.values()],
+        return {"pid": os.getpid(), "config": self.config.source,
+                "backends": [h.snapshot() for h in self.workers.values()
+                             if not getattr(h, "removed", False)],
                 "dispatcher": self.dispatcher.snapshot()}

@@ -6,8 +6,9 @@ the child reports (ready, stats, errors), the restart policy and what ``lapidusc
 
 from __future__ import annotations
 
+import collections
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 import psutil
 
@@ -29,7 +30,10 @@ class ChildHandle:
         self.restarts = 0
         self.last_error: Optional[str] = None
         self.fatal_reported = False
+        self.restart_requested = False    # an operator asked for stop-then-start
+        self.removed = False              # gone from the configuration after a reload
         self.info: Dict[str, Any] = {}
+        self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
 
     @property
     def pid(self) -> Optional[int]:
@@ -70,9 +74,27 @@ class ChildHandle:
                 self.info.update(fields)
             elif kind == "stats":
                 self.info.update(fields)
+                self._sample_rate(fields.get("events"))
             elif kind == "error":
                 self.last_error = fields.get("message")
                 self.fatal_reported = bool(fields.get("fatal"))
+
+    def _sample_rate(self, events: Optional[int]) -> None:
+        """Keep a minute of (time, events) samples for the events/s column."""
+        if events is None:
+            return
+        now = time.monotonic()
+        if self.rate_samples and events < self.rate_samples[-1][1]:
+            self.rate_samples.clear()   # a new worker process counts from zero again
+        self.rate_samples.append((now, events))
+        while now - self.rate_samples[0][0] > 60.0:
+            self.rate_samples.popleft()
+
+    def events_per_second(self) -> float:
+        if len(self.rate_samples) < 2:
+            return 0.0
+        (t0, e0), (t1, e1) = self.rate_samples[0], self.rate_samples[-1]
+        return (e1 - e0) / (t1 - t0) if t1 > t0 else 0.0
 
     def exited(self) -> Optional[int]:
         """The exit code once the process ended (and is reaped), else None."""
@@ -143,4 +165,5 @@ class ChildHandle:
             except psutil.NoSuchProcess:
                 pass
         out.update(self.info)
+        out["events_per_second"] = round(self.events_per_second(), 1)
         return out

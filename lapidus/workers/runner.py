@@ -10,6 +10,7 @@ and always before a clean exit.
 from __future__ import annotations
 
 import collections
+import datetime
 import os
 import signal
 import sys
@@ -63,6 +64,7 @@ class WorkerLoop:
         self.last_save = 0.0
         self.seq = 0
         self.events_sent = 0
+        self.oldest_unconfirmed_ts: Optional[str] = None   # commit time, for the lag column
         self.stopping = False
         options = backend.options
         self.batch_size = int(options.get("batch_size", 1000))
@@ -118,6 +120,8 @@ class WorkerLoop:
                         link.send_batch(self.seq, [to_record(e) for e in batch.events])
                         self.events_sent += len(batch.events)
                         self.inflight.append((self.seq, batch.checkpoint))
+                        if self.oldest_unconfirmed_ts is None:
+                            self.oldest_unconfirmed_ts = batch.events[0].ts
                     elif self.inflight:
                         self.inflight.append((None, batch.checkpoint))
                     else:
@@ -128,7 +132,8 @@ class WorkerLoop:
             if now - last_status >= STATUS_EVERY:
                 last_status = now
                 self.report("stats", events=self.events_sent, inflight=len(self.inflight),
-                            position=_position_of(self.confirmed), **source.status())
+                            position=_position_of(self.confirmed),
+                            lag_seconds=_age(self.oldest_unconfirmed_ts), **source.status())
 
     def _take_acks(self, link: DispatcherLink, timeout: float) -> None:
         acked = link.acks(timeout)
@@ -136,6 +141,8 @@ class WorkerLoop:
             return
         while self.inflight and (self.inflight[0][0] is None or self.inflight[0][0] <= acked):
             self.confirmed = self.inflight.popleft()[1]
+        if not self.inflight:
+            self.oldest_unconfirmed_ts = None
 
     def _settle_unsent(self) -> None:
         """Checkpoints that needed no delivery become confirmed once everything before is."""
@@ -161,6 +168,17 @@ class WorkerLoop:
         if self.inflight:
             self.log.warning("stopping with unconfirmed batches; they will be sent again",
                              batches=len(self.inflight))
+
+
+def _age(ts: Optional[str]) -> float:
+    """Seconds since an RFC 3339 commit time; 0 when everything read is confirmed."""
+    if not ts:
+        return 0.0
+    try:
+        then = datetime.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return max(0.0, round(time.time() - then.timestamp(), 3))
 
 
 def _position_of(checkpoint: Any) -> Optional[str]:

@@ -154,8 +154,21 @@ class PostgresSource(Source):
         self.spool.delete_before(checkpoint["segment"])
 
     def status(self) -> dict:
+        """Spool size, and the spooled bytes not yet read (the source-side lag)."""
+        total = self.spool.size_bytes()
+        unread = 0
+        if self.reader is not None:
+            for seg in self.spool.segments():
+                try:
+                    size = self.spool.path(seg).stat().st_size
+                except FileNotFoundError:
+                    continue
+                if seg > self.reader.segment:
+                    unread += size
+                elif seg == self.reader.segment:
+                    unread += max(0, size - self.reader.offset)
         return {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
-                "spool_bytes": self.spool.size_bytes()}
+                "spool_bytes": total, "lag_bytes": unread}
 
     # -- the child ------------------------------------------------------------------------
 

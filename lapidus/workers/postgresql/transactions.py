@@ -51,10 +51,13 @@ class TransactionAssembler:
         """Consume one decoded message, appending any resulting event to ``out``."""
         kind = type(message)
         if kind is Change:
-            if self.replay:
-                return
-            if self.tx_lsn is None:
+            if message.transactional is False or self.tx_lsn is None and not self.replay:
+                # A logical message outside any transaction; it can show up while a cut
+                # transaction is open (resent after a pg_recvlogical restart), and must
+                # neither join nor shift it.
                 self._untransactional(message, out)
+                return
+            if self.replay:
                 return
             if self.skip:
                 self.skip -= 1

@@ -1,0 +1,116 @@
+"""lapidusctl against a running supervisor, and SIGHUP reloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+from tests.conftest import wait_until
+from tests.integration.conftest import pg_backend
+
+
+def ctl(config_path, *args):
+    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(config_path), *args],
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, result.stdout, result.stderr
+
+
+def status(config_path) -> dict:
+    code, out, err = ctl(config_path, "status", "--json")
+    assert code == 0, err
+    return {b["name"]: b for b in json.loads(out)["backends"]}
+
+
+def running(config_path, name):
+    code, out, _ = ctl(config_path, "status", "--json")
+    if code == 3:
+        return None   # not listening yet
+    row = {b["name"]: b for b in json.loads(out)["backends"]}[name]
+    return row if row["state"] == "RUNNING" else None
+
+
+def test_status_restart_stop_start(lapidus_factory, pg_db, tmp_path):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db, name="one"),
+                                         pg_backend(pg_db, name="two")],
+                            "plugins": {"stdout": {}}})
+    path = proc.config_path
+    wait_until(lambda: running(path, "one") and running(path, "two"), 30)
+
+    code, out, _ = ctl(path, "status")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["backend", "state", "pid"]
+    assert [r.split()[:2] for r in rows] == [["one", "RUNNING"], ["two", "RUNNING"]]
+
+    pid_one, pid_two = status(path)["one"]["pid"], status(path)["two"]["pid"]
+    assert ctl(path, "restart", "one")[0] == 0
+    wait_until(lambda: (lambda r: r and r["pid"] != pid_one)(running(path, "one")), 30)
+    assert status(path)["two"]["pid"] == pid_two   # the other backend was not touched
+
+    assert ctl(path, "stop", "two")[0] == 0
+    wait_until(lambda: status(path)["two"]["state"] == "STOPPED", 15)
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    events = proc.wait_events(1)
+    assert {e["backend"] for e in events} == {"one"}
+
+    assert ctl(path, "start", "two")[0] == 0
+    wait_until(lambda: running(path, "two"), 30)
+    # "two" catches up on the row committed while it was stopped
+    events = proc.wait_events(2)
+    assert sorted(e["backend"] for e in events) == ["one", "two"]
+
+    code, _, err = ctl(path, "stop", "three")
+    assert code == 1 and 'unknown backend "three"' in err
+
+
+def test_socket_is_private_and_absent_socket_exits_3(lapidus_factory, pg_db, tmp_path):
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}})
+    sock = tmp_path / "state" / "lapidus.sock"
+    wait_until(sock.exists, 20)
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert proc.terminate() == 0
+    assert not sock.exists()
+    code, _, err = ctl(proc.config_path, "status")
+    assert code == 3
+    assert "cannot reach lapidus" in err
+
+
+def test_sighup_restarts_only_the_backend_whose_filters_changed(lapidus_factory, pg_db):
+    pg_db.sql("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
+    config = {"backends": [pg_backend(pg_db, name="one", include_tables=["a"]),
+                           pg_backend(pg_db, name="two")],
+              "plugins": {"stdout": {}}}
+    proc = lapidus_factory(config)
+    path = proc.config_path
+    wait_until(lambda: running(path, "one") and running(path, "two"), 30)
+    before = status(path)
+
+    config["backends"][0]["include_tables"] = ["b"]
+    path.write_text(json.dumps(config))
+    proc.proc.send_signal(signal.SIGHUP)
+    proc.wait_log("configuration reloaded")
+    wait_until(lambda: (lambda r: r and r["pid"] != before["one"]["pid"])(running(path, "one")), 30)
+    assert status(path)["two"]["pid"] == before["two"]["pid"]
+
+    pg_db.sql("INSERT INTO a VALUES (1)", "INSERT INTO b VALUES (1)")
+    events = proc.wait_events(3)
+    seen = sorted((e["backend"], e["table"]) for e in events)
+    assert seen == [("one", "b"), ("two", "a"), ("two", "b")]
+
+
+def test_invalid_config_on_sighup_keeps_the_running_one(lapidus_factory, pg_db):
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}})
+    path = proc.config_path
+    wait_until(lambda: running(path, "pg"), 30)
+    pid = status(path)["pg"]["pid"]
+    broken = json.loads(path.read_text())
+    broken["backends"] = [{"type": "oracle"}]
+    path.write_text(json.dumps(broken))
+    proc.proc.send_signal(signal.SIGHUP)
+    proc.wait_log("reload refused")
+    assert status(path)["pg"]["pid"] == pid
