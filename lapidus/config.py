@@ -106,6 +106,7 @@ class SupervisorConfig:
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
     stop_timeout: float = 10.0                  # stop signal -> SIGKILL of the process tree
+    heartbeat_timeout: float = 60.0             # silent RUNNING worker -> killed, restarted
 
 
 @dataclass(frozen=True)

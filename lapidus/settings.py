@@ -392,6 +392,8 @@ SUPERVISOR: Tuple[Setting, ...] = (
     Setting("backoff_max", Seconds(), "Longest restart delay.", 30.0),
     Setting("stop_timeout", Seconds(), "Grace period between the stop signal and SIGKILL.",
             10.0),
+    Setting("heartbeat_timeout", Seconds(), "A running worker silent for this long is "
+            "considered wedged, killed and restarted (workers report every second).", 60.0),
 )
 
 BACKEND_COMMON: Tuple[Setting, ...] = (

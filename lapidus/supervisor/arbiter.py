@@ -28,6 +28,7 @@ from .backoff import RestartPolicy
 from .control_server import ControlServer
 from .dispatcher import EXIT_OUTPUT_CLOSED, dispatcher_main
 from .handles import ChildHandle
+from .notify import Notifier
 from .states import State
 
 TICK = 0.5
@@ -46,7 +47,10 @@ class Arbiter:
         self.stopping = False
         self.stop_deadline = 0.0
         self.exit_code = 0
-        self.socket_dir = tempfile.mkdtemp(prefix="lapidus-")
+        # Short path (unix socket paths are limited to 107 bytes), private (mode 0700);
+        # under systemd in the service's RuntimeDirectory.
+        self.socket_dir = tempfile.mkdtemp(prefix="lapidus-",
+                                           dir=os.environ.get("RUNTIME_DIRECTORY") or None)
         self.socket_path = os.path.join(self.socket_dir, "dispatch.sock")
         self.workers: Dict[str, ChildHandle] = {}
         self.backends = {}
@@ -56,6 +60,8 @@ class Arbiter:
         self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
         self._lock_fd: Optional[int] = None
+        self.notifier = Notifier()
+        self._last_status_line = ""
         self.control = ControlServer(config.control.socket, {
             "status": lambda _req: {"ok": True, **self.status()},
             "restart": self.cmd_restart, "stop": self.cmd_stop, "start": self.cmd_start,
@@ -122,6 +128,8 @@ class Arbiter:
                 self._wait(wakeup)
                 self._handle_signals()
                 self._reap()
+                self._kill_stale_workers()
+                self._notify_systemd()
                 if self.stopping:
                     if self._stop_progress():
                         break
@@ -162,6 +170,30 @@ class Arbiter:
         for handle in self.workers.values():
             if handle.conn is not None and handle.conn in ready:
                 handle.receive()
+
+    def _notify_systemd(self) -> None:
+        """READY once every backend is running or failed; STATUS on change; WATCHDOG always."""
+        self.notifier.watchdog()
+        states = [h.state for h in self.workers.values() if not h.removed]
+        line = ", ".join(f"{states.count(st)} {st.value.lower()}" for st in State
+                         if states.count(st))
+        if not self.notifier.ready_sent and all(s != State.STARTING for s in states):
+            self.notifier.ready(line)
+        elif line != self._last_status_line:
+            self.notifier.status(line)
+        self._last_status_line = line
+
+    def _kill_stale_workers(self) -> None:
+        """A RUNNING worker that stopped reporting is wedged: kill it so it restarts."""
+        now = time.monotonic()
+        timeout = float(self.config.supervisor.heartbeat_timeout)
+        for handle in self.workers.values():
+            if handle.state == State.RUNNING and handle.process is not None \
+                    and now - handle.last_report > timeout:
+                handle.last_error = f"no heartbeat for {timeout:.0f}s; killed"
+                self.log.error("worker stopped reporting; killing it", backend=handle.name,
+                               seconds=round(now - handle.last_report, 1))
+                handle.kill()
 
     def _spawn_worker(self, handle: ChildHandle) -> None:
         backend = self.backends[handle.name]
@@ -210,6 +242,7 @@ class Arbiter:
         if self.stopping:
             return
         self.stopping = True
+        self.notifier.stopping()
         self.stop_deadline = time.monotonic() + float(self.config.supervisor.stop_timeout) - 1.5
         self.log.info("stopping", reason=reason)
         for handle in self.workers.values():

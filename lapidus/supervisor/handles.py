@@ -26,6 +26,7 @@ class ChildHandle:
         self.process = None
         self.conn = None
         self.started_at: Optional[float] = None
+        self.last_report: float = 0.0         # monotonic time of the child's last message
         self.next_start: float = 0.0
         self.restarts = 0
         self.last_error: Optional[str] = None
@@ -50,7 +51,7 @@ class ChildHandle:
         self.process.start()
         if child_conn is not None:
             child_conn.close()   # the child holds its own copy
-        self.started_at = time.monotonic()
+        self.started_at = self.last_report = time.monotonic()
         self.fatal_reported = False
         self.state = State.STARTING
         self.log.info("started", pid=self.process.pid)
@@ -66,6 +67,7 @@ class ChildHandle:
                 self.conn.close()
                 self.conn = None
                 return
+            self.last_report = time.monotonic()
             if kind == "ready":
                 if self.state == State.STARTING:
                     # STARTING -> RUNNING: connected and positioned, not merely alive

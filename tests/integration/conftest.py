@@ -91,13 +91,14 @@ def pg_db():
 class LapidusProcess:
     """``lapidus -c CONFIG`` in its own process group, stdout captured to a file."""
 
-    def __init__(self, config: dict, workdir: Path, extra_args=()):
+    def __init__(self, config: dict, workdir: Path, extra_args=(), env=None):
         self.workdir = workdir
         self.config_path = workdir / "lapidus.json"
         self.config_path.write_text(json.dumps(config))
         self.stdout_path = workdir / "events.jsonl"
         self.stderr_path = workdir / "lapidus.log"
         self.extra_args = list(extra_args)
+        self.env = None if env is None else {**os.environ, **env}
         self.proc = None
 
     def start(self):
@@ -106,7 +107,7 @@ class LapidusProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lapidus", "-c", str(self.config_path), *self.extra_args],
             stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-            cwd=self.workdir)
+            cwd=self.workdir, env=self.env)
         out.close()
         err.close()
         return self
@@ -197,11 +198,11 @@ def lapidus_factory(tmp_path):
     """Start Lapidus processes; every one is stopped at the end of the test."""
     started = []
 
-    def start(config: dict, extra_args=(), workdir: Path = None):
+    def start(config: dict, extra_args=(), workdir: Path = None, env=None):
         directory = workdir or tmp_path
         config.setdefault("state_dir", str(tmp_path / "state"))
         config.setdefault("log", {"format": "json", "level": "info"})
-        proc = LapidusProcess(config, directory, extra_args).start()
+        proc = LapidusProcess(config, directory, extra_args, env).start()
         started.append(proc)
         return proc
 
