@@ -463,6 +463,8 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             64 * 2**20, types=PG),
     Setting("spool_max_bytes", ByteSize(), "Undelivered spool at which `pg_recvlogical` is "
             "paused (WAL then accumulates on the server).", 2**30, types=PG),
+    Setting("slot_warn_bytes", ByteSize(), "Warn (log, `lapidusctl status`, metrics) when the "
+            "server retains more WAL than this for the replication slot.", 2**30, types=PG),
     Setting("pg_recvlogical", PathKind(search_path=True), "The `pg_recvlogical` binary; a bare "
             "name is looked up on `$PATH`.", types=PG),
     # mysql

@@ -28,6 +28,7 @@ from .backoff import RestartPolicy
 from .control_server import ControlServer
 from .dispatcher import EXIT_OUTPUT_CLOSED, dispatcher_main
 from .handles import ChildHandle
+from .http import HttpServer
 from .notify import Notifier
 from .states import State
 
@@ -61,6 +62,9 @@ class Arbiter:
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
         self._lock_fd: Optional[int] = None
         self.notifier = Notifier()
+        self.http = None
+        if config.http is not None:
+            self.http = HttpServer(config.http.host, config.http.port, self.status, self.log)
         self._last_status_line = ""
         self.control = ControlServer(config.control.socket, {
             "status": lambda _req: {"ok": True, **self.status()},
@@ -119,6 +123,8 @@ class Arbiter:
         self._lock_state_dir()
         wakeup = self._install_signals()
         self.control.open()
+        if self.http is not None:
+            self.http.open()
         self.log.info("lapidus starting", backends=list(self.workers), pid=os.getpid())
         self._spawn_dispatcher()
         for handle in self.workers.values():
@@ -141,6 +147,8 @@ class Arbiter:
                     self.begin_stop("no backend left")
         finally:
             self.control.close()
+            if self.http is not None:
+                self.http.close()
             for handle in list(self.workers.values()) + [self.dispatcher]:
                 handle.kill()
             try:
@@ -152,7 +160,10 @@ class Arbiter:
         return self.exit_code
 
     def _wait(self, wakeup: int) -> None:
-        conns = [h.conn for h in self.workers.values() if h.conn is not None]
+        conns = [h.conn for h in list(self.workers.values()) + [self.dispatcher]
+                 if h.conn is not None]
+        if self.http is not None:
+            conns.append(self.http)
         timeout = TICK
         due = [h.next_start for h in self.workers.values() if h.state == State.BACKOFF]
         if due:
@@ -160,6 +171,8 @@ class Arbiter:
         ready = multiprocessing.connection.wait(conns + [wakeup, self.control], timeout)
         if self.control in ready:
             self.control.accept_and_answer()
+        if self.http is not None and self.http in ready:
+            self.http.accept_and_answer()
         for item in ready:
             if item == wakeup:
                 try:
@@ -167,7 +180,7 @@ class Arbiter:
                         pass
                 except BlockingIOError:
                     pass
-        for handle in self.workers.values():
+        for handle in list(self.workers.values()) + [self.dispatcher]:
             if handle.conn is not None and handle.conn in ready:
                 handle.receive()
 
@@ -204,7 +217,7 @@ class Arbiter:
 
     def _spawn_dispatcher(self) -> None:
         self.dispatcher.spawn(self.ctx, dispatcher_main,
-                              (self.config, self.socket_path, os.getpid()), with_pipe=False)
+                              (self.config, self.socket_path, os.getpid()))
         self.dispatcher.state = State.RUNNING
 
     def _reap(self) -> None:
@@ -215,6 +228,7 @@ class Arbiter:
                 handle.on_exit(code, now)
         code = self.dispatcher.exited()
         if code is not None:
+            self.dispatcher.receive()
             self.dispatcher.process = None
             if code == EXIT_OUTPUT_CLOSED:
                 self.log.info("output closed; stopping")

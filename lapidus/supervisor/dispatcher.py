@@ -33,6 +33,7 @@ class Pipeline:
         self.backend = backend
         self.sinks = sinks
         self.log = log
+        self.errors: Dict[str, int] = {}     # sink name -> failed deliveries
         self.queue: asyncio.Queue = asyncio.Queue()
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
@@ -65,15 +66,18 @@ class Pipeline:
             except OutputClosed:
                 raise
             except Exception as exc:
-                self.log.warning("sink failed; retrying the same batch", sink=type(sink).__name__,
+                name = type(sink).__name__
+                self.errors[name] = self.errors.get(name, 0) + 1
+                self.log.warning("sink failed; retrying the same batch", sink=name,
                                  error=str(exc), retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2) * (0.8 + random.random() * 0.4)
 
 
 class Dispatcher:
-    def __init__(self, config, socket_path: str, log):
+    def __init__(self, config, socket_path: str, log, status=None):
         self.config = config
+        self.status = status    # pipe to the supervisor: stats once a second
         self.socket_path = socket_path
         self.log = log
         self.pipelines: Dict[str, Pipeline] = {}
@@ -144,6 +148,18 @@ class Dispatcher:
         finally:
             writer.close()
 
+    async def report_forever(self) -> None:
+        while self.status is not None:
+            try:
+                self.status.send(("stats", {
+                    "sink_errors": {n: dict(p.errors) for n, p in self.pipelines.items()},
+                    "queued_batches": {n: p.queue.qsize() for n, p in self.pipelines.items()},
+                    "delivered": {n: p.delivered for n, p in self.pipelines.items()},
+                }))
+            except (OSError, ValueError):
+                return
+            await asyncio.sleep(1.0)
+
     async def serve(self) -> int:
         try:
             os.unlink(self.socket_path)
@@ -155,7 +171,9 @@ class Dispatcher:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
         self.log.info("dispatcher listening")
+        reporter = asyncio.create_task(self.report_forever())
         await self.stopping.wait()
+        reporter.cancel()
         server.close()
         for task in self.tasks:
             task.cancel()
@@ -174,13 +192,16 @@ class Dispatcher:
         return 0
 
 
-def dispatcher_main(config, socket_path: str, parent_pid: int) -> None:
-    """Entry point of the dispatcher process (target of multiprocessing.Process)."""
+def dispatcher_main(config, socket_path: str, parent_pid: int, status=None) -> None:
+    """Entry point of the dispatcher process (target of multiprocessing.Process).
+
+    ``status`` is the write end of the pipe to the supervisor (appended by ChildHandle.spawn).
+    """
     die_with_parent(signal.SIGKILL, parent_pid)
     set_process_name("lapidus:dispatch")
     tune_gc_for_throughput()
     logs.configure(config.log.format, config.log.level, process="dispatcher")
-    dispatcher = Dispatcher(config, socket_path, logs.get_logger())
+    dispatcher = Dispatcher(config, socket_path, logs.get_logger(), status)
     code = asyncio.run(dispatcher.serve())
     sys.stdout.flush()
     os._exit(code)

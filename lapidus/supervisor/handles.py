@@ -35,6 +35,8 @@ class ChildHandle:
         self.removed = False              # gone from the configuration after a reload
         self.info: Dict[str, Any] = {}
         self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
+        # event counts of earlier processes of this backend, so exported counters never shrink
+        self.counts_base: Dict[Tuple[str, str], int] = {}
 
     @property
     def pid(self) -> Optional[int]:
@@ -111,6 +113,8 @@ class ChildHandle:
             self.conn.close()
             self.conn = None
         self.process = None
+        for key, count in (self.info.pop("event_counts", None) or {}).items():
+            self.counts_base[key] = self.counts_base.get(key, 0) + count
         if self.state == State.STOPPING:
             # STOPPING -> STOPPED
             self.state = State.STOPPED
@@ -167,5 +171,9 @@ class ChildHandle:
             except psutil.NoSuchProcess:
                 pass
         out.update(self.info)
+        counts = dict(self.counts_base)
+        for key, count in (self.info.get("event_counts") or {}).items():
+            counts[key] = counts.get(key, 0) + count
+        out["event_counts"] = counts
         out["events_per_second"] = round(self.events_per_second(), 1)
         return out

@@ -64,6 +64,7 @@ class WorkerLoop:
         self.last_save = 0.0
         self.seq = 0
         self.events_sent = 0
+        self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
         self.oldest_unconfirmed_ts: Optional[str] = None   # commit time, for the lag column
         self.stopping = False
         options = backend.options
@@ -119,6 +120,10 @@ class WorkerLoop:
                         self.seq += 1
                         link.send_batch(self.seq, [to_record(e) for e in batch.events])
                         self.events_sent += len(batch.events)
+                        counts = self.event_counts
+                        for e in batch.events:
+                            key = (f"{e.schema}.{e.table}" if e.table else "", e.type)
+                            counts[key] = counts.get(key, 0) + 1
                         self.inflight.append((self.seq, batch.checkpoint))
                         if self.oldest_unconfirmed_ts is None:
                             self.oldest_unconfirmed_ts = batch.events[0].ts
@@ -133,6 +138,7 @@ class WorkerLoop:
                 last_status = now
                 self.report("stats", events=self.events_sent, inflight=len(self.inflight),
                             position=_position_of(self.confirmed),
+                            event_counts=self.event_counts,
                             lag_seconds=_age(self.oldest_unconfirmed_ts), **source.status())
 
     def _take_acks(self, link: DispatcherLink, timeout: float) -> None:

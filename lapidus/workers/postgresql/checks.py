@@ -140,3 +140,10 @@ def drop_slot(conn, slot: str, wait: float = 5.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
+
+
+def retained_wal(conn, slot: str):
+    """(bytes of WAL the server keeps for ``slot``, its wal_status) or (None, None)."""
+    row = _one(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+                     "wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    return (row[0], row[1]) if row else (None, None)

@@ -19,13 +19,14 @@ from typing import Any, Deque, List, Optional
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from .catalog import Catalog, connect
-from .checks import check_server, drop_slot, ensure_slot
+from .checks import check_server, drop_slot, ensure_slot, retained_wal
 from .fswatch import DirectoryWatch
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 
 RESPAWN_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+SLOT_CHECK_EVERY = 10.0
 # pg_recvlogical deaths that restarting cannot cure
 FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentication failed",
                       "could not access file", "does not exist")
@@ -56,6 +57,8 @@ class PostgresSource(Source):
         self.next_spawn = 0.0
         self.paused_for_cap = False
         self._last_cap_check = 0.0
+        self._slot_checked = 0.0
+        self._slot_cache: dict = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -167,8 +170,28 @@ class PostgresSource(Source):
                     unread += size
                 elif seg == self.reader.segment:
                     unread += max(0, size - self.reader.offset)
-        return {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
-                "spool_bytes": total, "lag_bytes": unread}
+        out = {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
+               "spool_bytes": total, "lag_bytes": unread}
+        out.update(self._slot_health())
+        return out
+
+    def _slot_health(self) -> dict:
+        """WAL the server retains for our slot, checked every SLOT_CHECK_EVERY seconds."""
+        now = time.monotonic()
+        if now - self._slot_checked >= SLOT_CHECK_EVERY and self.catalog is not None:
+            self._slot_checked = now
+            try:
+                retained, wal_status = retained_wal(self.catalog.conn, self.slot)
+            except Exception as exc:   # a metrics query must never stop the stream
+                self.log.warning("could not read the slot's retained WAL", error=str(exc))
+                return self._slot_cache
+            self._slot_cache = {"slot_retained_wal_bytes": retained, "slot_wal_status": wal_status}
+            limit = int(self.options.get("slot_warn_bytes") or 1 << 30)
+            if retained is not None and retained > limit:
+                self.log.warning("the server retains much WAL for this slot; is a sink down or "
+                                 "Lapidus behind?", slot=self.slot, retained_bytes=retained,
+                                 slot_warn_bytes=limit, wal_status=wal_status)
+        return self._slot_cache
 
     # -- the child ------------------------------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""Prometheus text exposition of the supervisor's view of every backend.
+
+Runs in the supervisor process.  Workers and the dispatcher report counters to the supervisor
+once a second over their status pipes; the supervisor renders them on request, so there are no
+per-process metric files and nothing to clean up after a crash.  Counters from a restarted
+worker process restart at zero; the supervisor carries the previous process's totals forward so
+the exported counters only ever grow.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Tuple
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Iterable[Tuple[str, str]]) -> str:
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
+    return "{" + inner + "}" if inner else ""
+
+
+class Family:
+    def __init__(self, name: str, kind: str, help_text: str):
+        self.name, self.kind, self.help = name, kind, help_text
+        self.samples: List[Tuple[str, float]] = []
+
+    def add(self, value, **labels) -> None:
+        if value is None:
+            return
+        self.samples.append((_labels(labels.items()), float(value)))
+
+    def render(self) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        lines += [f"{self.name}{labels} {value:g}" if value != int(value) or abs(value) > 1e15
+                  else f"{self.name}{labels} {int(value)}" for labels, value in self.samples]
+        return "\n".join(lines)
+
+
+STATE_VALUES = ("STOPPED", "STARTING", "RUNNING", "BACKOFF", "STOPPING", "FATAL")
+
+
+def render(status: dict) -> str:
+    """``status`` is :meth:`Arbiter.status`; returns the whole /metrics body."""
+    f: Dict[str, Family] = {name: Family(name, kind, text) for name, kind, text in (
+        ("lapidus_events_total", "counter", "Events read from the source and sent to the sinks."),
+        ("lapidus_backend_state", "gauge", "1 for the backend's current state."),
+        ("lapidus_backend_up", "gauge", "1 when the backend is streaming."),
+        ("lapidus_restarts_total", "counter", "Worker restarts after a crash."),
+        ("lapidus_delivery_lag_seconds", "gauge",
+         "Age (commit time) of the oldest event not yet confirmed by every sink; 0 when idle."),
+        ("lapidus_source_lag_bytes", "gauge",
+         "Bytes read from the source but not yet processed (PostgreSQL: unread spool)."),
+        ("lapidus_queue_depth_batches", "gauge", "Batches sent to the sinks, not yet confirmed."),
+        ("lapidus_spool_bytes", "gauge", "Size of the PostgreSQL spool on local disk."),
+        ("lapidus_pg_slot_retained_wal_bytes", "gauge",
+         "WAL the server keeps for the replication slot (pg_current_wal_lsn - restart_lsn)."),
+        ("lapidus_sink_errors_total", "counter", "Failed deliveries (each one retried)."),
+        ("lapidus_worker_rss_bytes", "gauge", "Resident memory of the worker process."),
+    )}
+    for b in status.get("backends", []):
+        name = b["name"]
+        for (table, kind), count in (b.get("event_counts") or {}).items():
+            f["lapidus_events_total"].add(count, backend=name, table=table, type=kind)
+        for state in STATE_VALUES:
+            f["lapidus_backend_state"].add(1 if b["state"] == state else 0, backend=name,
+                                           state=state)
+        f["lapidus_backend_up"].add(1 if b["state"] == "RUNNING" else 0, backend=name)
+        f["lapidus_restarts_total"].add(b.get("restarts", 0), backend=name)
+        f["lapidus_delivery_lag_seconds"].add(b.get("lag_seconds"), backend=name)
+        f["lapidus_source_lag_bytes"].add(b.get("lag_bytes"), backend=name)
+        f["lapidus_queue_depth_batches"].add(b.get("inflight"), backend=name)
+        f["lapidus_spool_bytes"].add(b.get("spool_bytes"), backend=name)
+        if b.get("slot_retained_wal_bytes") is not None:
+            f["lapidus_pg_slot_retained_wal_bytes"].add(
+                b["slot_retained_wal_bytes"], backend=name, slot=b.get("slot", ""))
+        f["lapidus_worker_rss_bytes"].add(b.get("rss_bytes"), backend=name)
+    dispatcher = status.get("dispatcher") or {}
+    for backend, sinks in (dispatcher.get("sink_errors") or {}).items():
+        for sink, count in sinks.items():
+            f["lapidus_sink_errors_total"].add(count, backend=backend, sink=sink)
+    return "\n".join(family.render() for family in f.values()) + "\n"
