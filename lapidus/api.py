@@ -35,13 +35,22 @@ def stream(backend: Union[BackendConfig, Mapping[str, Any]], *, state_dir: Union
     """
     from .workers.runner import make_source
 
+    import structlog
+    if not structlog.is_configured():
+        logs.configure("auto", "info")   # to standard error, never into the caller's stdout
     config = _backend_from(backend)
     directory = Path(state_dir) / config.name
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = CheckpointStore(directory)
-    log = logs.get_logger(backend=config.name)
-    source = make_source(config, directory, log)
+    source = make_source(config, directory, logs.get_logger(backend=config.name))
+    # Opened now, not at the first next(): connection errors surface here, and changes
+    # committed after this call returns are part of the stream.
     source.open(store.load())
+    return _events(source, store, batch_size, idle_timeout)
+
+
+def _events(source, store: CheckpointStore, batch_size: int,
+            idle_timeout: Optional[float]) -> Iterator[Event]:
     pending = None
     idle = 0.0
     try:
