@@ -72,7 +72,7 @@ def drain_pg_recvlogical(workdir: Path, end_lsn: str) -> float:
     out = workdir / "baseline.out"
     plugin_options = Wal2JsonDecoder(None, None).plugin_options()
     argv = [find_pg_recvlogical(), "--start", "--no-loop", "-d",
-            f"host=127.0.0.1 port=5432 user=postgres dbname={DB}", "--slot", "bench_baseline",
+            f"host=127.0.0.1 port=5432 user=postgres dbname={DB}", "--slot", "pg_drain_baseline",
             "-f", str(out), f"--endpos={end_lsn}", "--fsync-interval=1"]
     for opt in plugin_options:
         argv += ["-o", opt]
@@ -87,7 +87,7 @@ def drain_lapidus(workdir: Path, rows: int):
     config = {
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
         "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
-                      "user": "postgres", "database": DB, "slot": "bench_lapidus"}],
+                      "user": "postgres", "database": DB, "slot": "pg_drain_lapidus"}],
     }
     path = workdir / "lapidus.json"
     path.write_text(json.dumps(config))
@@ -129,8 +129,8 @@ def main():
         with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
             workdir = Path(tmp)
             conn = reset_database()
-            sql(conn, "SELECT pg_create_logical_replication_slot('bench_baseline', 'wal2json')")
-            sql(conn, "SELECT pg_create_logical_replication_slot('bench_lapidus', 'wal2json')")
+            sql(conn, "SELECT pg_create_logical_replication_slot('pg_drain_baseline', 'wal2json')")
+            sql(conn, "SELECT pg_create_logical_replication_slot('pg_drain_lapidus', 'wal2json')")
             end_lsn = make_backlog(conn, args.rows, args.per_tx)
             base = drain_pg_recvlogical(workdir, end_lsn)
             lap, rss = drain_lapidus(workdir, args.rows)

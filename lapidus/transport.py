@@ -8,7 +8,8 @@ connection per worker has a single writer; when a worker dies only its own conne
 Frame: 4-byte big-endian length, 1-byte kind, pickled payload.  Both ends are Lapidus processes
 of the same service user; the socket lives in a 0700 directory.
 
-* worker -> dispatcher: ``HELLO {"backend": name}``, ``BATCH (seq, [Record, ...])``
+* worker -> dispatcher: ``HELLO {"backend": name}``, ``BATCH (seq, [Record fields, ...])``
+  (plain tuples in :class:`lapidus.events.Record` order)
 * dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
 """
 

@@ -17,6 +17,7 @@ import sys
 from typing import Dict, List, Optional
 
 from .. import logs
+from ..events import Record
 from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink
@@ -141,7 +142,8 @@ class Dispatcher:
                         pipeline = await self.pipeline_for(payload["backend"])
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
-                        seq, records = payload
+                        seq, fields = payload
+                        records = list(map(Record._make, fields))
                         pipeline.queue.put_nowait((generation, seq, records))
         except asyncio.CancelledError:
             pass  # shutting down: the worker sees the connection close and stops or retries

@@ -20,7 +20,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from .. import logs
 from ..checkpoint import CheckpointStore
-from ..events import to_record
+from ..events import record_fields
 from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
@@ -118,7 +118,7 @@ class WorkerLoop:
                 if batch.checkpoint is not None:
                     if batch.events:
                         self.seq += 1
-                        link.send_batch(self.seq, [to_record(e) for e in batch.events])
+                        link.send_batch(self.seq, [record_fields(e) for e in batch.events])
                         self.events_sent += len(batch.events)
                         counts = self.event_counts
                         for e in batch.events:
