@@ -19,7 +19,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import orjson
 
-EVENT_TYPES = ("insert", "update", "delete", "truncate", "message", "schema", "gap")
+EVENT_TYPES = ("insert", "update", "replace", "delete", "truncate", "message", "schema", "gap")
 
 
 

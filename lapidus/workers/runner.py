@@ -81,8 +81,9 @@ class WorkerLoop:
             pass  # the supervisor is gone; die_with_parent ends us shortly
 
     def run(self) -> int:
-        source = make_source(self.backend, self.state_dir, self.log)
+        source = None
         try:
+            source = make_source(self.backend, self.state_dir, self.log)
             checkpoint = self.store.load()
             self.saved = self.confirmed = checkpoint
             source.open(checkpoint)
@@ -103,7 +104,8 @@ class WorkerLoop:
             return EXIT_ERROR
         finally:
             try:
-                source.close()
+                if source is not None:
+                    source.close()
             except Exception as exc:  # closing must not hide the original failure
                 self.log.warning("error while closing the source", error=str(exc))
 
@@ -136,10 +138,13 @@ class WorkerLoop:
             now = time.monotonic()
             if now - last_status >= STATUS_EVERY:
                 last_status = now
-                self.report("stats", events=self.events_sent, inflight=len(self.inflight),
-                            position=_position_of(self.confirmed),
-                            event_counts=self.event_counts,
-                            lag_seconds=_age(self.oldest_unconfirmed_ts), **source.status())
+                stats = dict(source.status())
+                # the loop's own fields win over a source's extras of the same name
+                stats.update(events=self.events_sent, inflight=len(self.inflight),
+                             position=_position_of(self.confirmed),
+                             event_counts=self.event_counts,
+                             lag_seconds=_age(self.oldest_unconfirmed_ts))
+                self.report("stats", **stats)
 
     def _take_acks(self, link: DispatcherLink, timeout: float) -> None:
         acked = link.acks(timeout)

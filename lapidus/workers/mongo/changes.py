@@ -6,7 +6,7 @@ with recorded change documents.  The mapping (docs/mongodb.md shows whole events
 =============================  ===================================================================
 change stream                  event
 =============================  ===================================================================
-``operationType``              ``type``: ``insert``, ``update`` (update and replace), ``delete``;
+``operationType``              ``type``: ``insert``, ``update``, ``replace``, ``delete``;
                                DDL and ``invalidate``: ``schema``
 ``ns.db`` / ``ns.coll``        ``schema`` / ``table``
 ``documentKey._id``            ``pk`` = ``{"_id": ...}``
@@ -20,12 +20,11 @@ change stream                  event
                                ``<backend>:<position>:0``
 ``lsid.id`` + ``txnNumber``    ``txid`` = ``"<session uuid>:<txnNumber>"`` (multi-document
                                transactions only), else ``null``
-``wallTime`` / ``clusterTime``  ``ts``, RFC 3339 UTC with milliseconds
+``wallTime``, ``clusterTime``  ``ts``, RFC 3339 UTC with milliseconds
 =============================  ===================================================================
 
-A ``replace`` is an ``update`` event without an ``update`` field: the whole document was
-replaced, so ``item`` is all there is (the contract's types are insert, update, delete, schema
-...; "replace" is not one of them).  ``drop``, ``rename``, ``dropDatabase``,
+A ``replace`` event has no ``update`` field: the whole document was replaced, so ``item`` is
+all there is.  ``drop``, ``rename``, ``dropDatabase``,
 ``invalidate`` and any operation this module does not know become ``schema`` events whose
 ``item`` describes the operation: ``{"operation": "rename", "to": {"schema": ..., "table": ...}}``.
 
@@ -112,8 +111,6 @@ class ChangeMapper:
         update = None
         if operation == "update":
             update = _update_description(change.get("updateDescription") or {})
-        elif operation == "replace":
-            operation = "update"
         return self._event(change, operation, schema, table, pk, item, before, update)
 
     def _event(self, change: Mapping[str, Any], type_: str, schema: Optional[str],

@@ -7,6 +7,8 @@ without its password (:attr:`MongoSettings.where`) and says whether retrying can
 
 from __future__ import annotations
 
+import re
+
 from pymongo.errors import (ConfigurationError, ConnectionFailure, OperationFailure,
                             PyMongoError)
 
@@ -110,6 +112,11 @@ def describe(settings: MongoSettings, exc: BaseException, doing: str) -> Backend
             f'backend "{name}": invalid MongoDB connection settings for {where}: {reason}; '
             "fix uri, host, port, replica_set or the tls options", fatal=True)
     if isinstance(exc, ConnectionFailure):
+        if "No replica set members available for replica set name" in reason:
+            return BackendError(
+                f'backend "{name}": no member of replica set "{settings.replica_set}" answers at '
+                f"{where}: {reason}; set replica_set to the name rs.conf() shows (or remove it), "
+                "and check that the members' host names (rs.conf()) resolve from this host")
         if "certificate verify failed" in reason.lower() or "CERTIFICATE_VERIFY" in reason:
             return BackendError(
                 f'backend "{name}": TLS to MongoDB at {where} failed: {reason}; set tls_ca_file '
@@ -126,6 +133,9 @@ def describe(settings: MongoSettings, exc: BaseException, doing: str) -> Backend
     return BackendError(f'backend "{name}": unexpected error while {doing}: {reason}')
 
 
+_TIMEOUTS_NOTE = re.compile(r" \(configured timeouts: [^)]*\)")
+
+
 def _short_reason(exc: BaseException) -> str:
     """The useful part of a pymongo message (server selection appends a long topology dump)."""
     if isinstance(exc, OperationFailure) and exc.details:
@@ -136,4 +146,4 @@ def _short_reason(exc: BaseException) -> str:
     cut = text.find(", Timeout:")
     if cut > 0:
         text = text[:cut]
-    return text
+    return _TIMEOUTS_NOTE.sub("", text)

@@ -45,7 +45,8 @@ HISTORY_LOST_POLICIES = ("fail", "restart_from_now")
 SERVER_SELECTION_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 10_000
 
-_URI_PASSWORD = re.compile(r"(mongodb(?:\+srv)?://[^:@/\s]*):[^@/\s]*@")
+# user:password@ after any scheme (a mistyped "postgres://" URI must not leak either).
+_URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:@/\s]*):[^@/\s]*@")
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,13 @@ Runs in the mongo worker process, after fork (the client, its monitor threads an
 are created in :meth:`MongoSource.open`).  The contract is :class:`lapidus.workers.base.Source`;
 what is specific to MongoDB:
 
-* **Scope.** One database when ``database`` is set, else the whole deployment.  Include/exclude globs apply to ``database.collection``; what can be
-  translated exactly is pushed into the stream's ``$match`` (:mod:`.pipeline`).
+* **Scope.** One database when ``database`` is set, else the whole deployment.  Include/exclude
+  globs apply to ``database.collection``; what can be translated exactly is pushed into the
+  stream's ``$match`` (:mod:`.pipeline`).
 * **Checkpoint** (:mod:`.position`): the resume token after the last delivered change, as
-  ``{"resume_token": {"_data": "..."}, "start_after": false}``.  Tokens are per change, also
-  inside a multi-document transaction, so a restart neither skips nor repeats part of one.
+  ``{"position": "...", "resume_token": {"_data": "..."}, "start_after": false}``.  Tokens are
+  per change, also inside a multi-document transaction, so a restart neither skips nor repeats
+  part of one.
   When the server's batch is exhausted the driver caches the batch's ``postBatchResumeToken``,
   which is past every change the server examined, including filtered ones: an empty batch then
   still carries a newer checkpoint, so a quiet or fully excluded stream keeps its saved position
@@ -66,7 +68,14 @@ class MongoSource(Source):
     def __init__(self, backend, state_dir, log,
                  client_factory: Callable[[MongoSettings], Any] = create_client):
         super().__init__(backend, state_dir, log)
-        self.settings = MongoSettings.from_options(backend.name, backend.options or {})
+        # Invalid options are reported by open(), where the worker loop expects BackendError
+        # (and where a fatal one stops the restarts); the constructor never raises.
+        self._invalid: Optional[BackendError] = None
+        try:
+            self.settings = MongoSettings.from_options(backend.name, backend.options or {})
+        except BackendError as exc:
+            self._invalid = exc
+            self.settings = MongoSettings(backend=backend.name)
         self.table_filter = TableFilter(backend.include_tables, backend.exclude_tables)
         match = match_stage(backend.include_tables, backend.exclude_tables)
         self.pipeline: List[dict] = [match] if match else []
@@ -87,6 +96,8 @@ class MongoSource(Source):
 
     def open(self, checkpoint: Optional[Any]) -> None:
         self.close()
+        if self._invalid is not None:
+            raise self._invalid
         self._client = self._client_factory(self.settings)
         try:
             hello = self._client.admin.command("hello")
@@ -113,12 +124,18 @@ class MongoSource(Source):
         stream = self._require_stream()
         deadline = time.monotonic() + timeout
         events: List[Event] = []
+        seen = False            # a change (delivered or filtered) came out of ``stream``
         while len(events) < max_events:
             if not stream.alive:
                 # Closed by the server after an invalidate (or by the driver): go on from the
                 # current point; startAfter when that is the invalidate's token.
                 if events:
                     break
+                if seen:
+                    # Filtered changes came before the close.  Otherwise the point is already
+                    # right, and the driver's token would undo the invalidate's startAfter.
+                    self._settle(stream, seen)
+                    seen = False
                 stream = self._open_stream(self._point)
                 if self._pending:
                     return self._pending.pop(0)     # the gap comes before anything newer
@@ -127,22 +144,28 @@ class MongoSource(Source):
             try:
                 change = stream.try_next()
             except PyMongoError as exc:
+                # The driver's cached token still is the last change it returned.
+                self._settle(stream, seen)
                 if not errors.is_history_lost(exc):
                     raise errors.describe(self.settings, exc, "reading changes") from None
                 delivered = self._batch(events)
                 self._restart_after_history_lost(self._point, exc)
                 return delivered if events else self._pending.pop(0)
-            self._advance(stream, change)
             if change is None:
                 if events or time.monotonic() >= deadline:
                     break
                 continue
+            seen = True
             event = self._mapper.event(change)
             if event is not None:
                 events.append(event)
                 self._last_ts = event.ts
             if change["operationType"] == "invalidate":
-                break
+                # The driver would resume with resumeAfter, which the server refuses for this
+                # token; startAfter is the only way on.
+                self._point = ResumePoint(change["_id"], start_after=True)
+                return self._batch(events)
+        self._settle(stream, seen)
         return self._batch(events)
 
     def commit(self, checkpoint: Any) -> None:
@@ -154,7 +177,7 @@ class MongoSource(Source):
     def status(self) -> dict:
         return {
             "database": self.database or "*",
-            "position": self._point.position if self._point else None,
+            "read_position": self._point.position if self._point else None,
             "last_change_ts": self._last_ts,
         }
 
@@ -278,17 +301,17 @@ class MongoSource(Source):
                                "after close()")
         return self._stream
 
-    def _advance(self, stream, change) -> None:
-        """Move the in-memory point past ``change`` (or past an empty batch)."""
-        if change is not None and change.get("operationType") == "invalidate":
-            # The driver would resume with resumeAfter, which the server refuses for this
-            # token; startAfter is the only way on.
-            self._point = ResumePoint(change["_id"], start_after=True)
-            return
+    def _settle(self, stream, seen: bool) -> None:
+        """Move the in-memory point to the driver's cached resume token.
+
+        That token is the last returned change's, or the server batch's post-batch token once
+        the batch is used up, which is past every change the server examined (filtered ones
+        included).  Read once per batch: the driver deep-copies it on every access.
+        """
         token = stream.resume_token
         if token is None:
             return
-        if change is not None:
+        if seen:
             # Like the driver: once a change was returned, resumeAfter is right again.
             self._point = ResumePoint(token)
         elif token != self._point.token:
