@@ -49,7 +49,7 @@ _GRANT = re.compile(r"^GRANT\s+(?P<privs>.+?)\s+ON\s+(?:(?:TABLE|FUNCTION|PROCED
                     r"(?P<target>\S+)\s+TO\s", re.I | re.S)
 _ROLE_GRANT = re.compile(r"^GRANT\s+(?P<roles>[^()]+?)\s+TO\s", re.I | re.S)
 
-REPLICATION_SLAVE = {"REPLICATION SLAVE"}
+REPLICATION_SLAVE = {"REPLICATION SLAVE", "REPLICATION REPLICA"}   # MariaDB >= 10.5 synonym
 REPLICATION_CLIENT = {"REPLICATION CLIENT", "BINLOG MONITOR", "SUPER"}
 
 
@@ -198,12 +198,16 @@ def read_facts(conn) -> ServerFacts:
                 grants += [row[0] for row in cur.fetchall()]
             except pymysql.err.MySQLError:
                 pass       # a role we cannot inspect: judged on what is visible
-        replicas, visible = [], True
-        try:
-            cur.execute("SHOW SLAVE HOSTS")
+        replicas, visible = [], False
+        # MySQL >= 8.4 knows only the second spelling.
+        for statement in ("SHOW SLAVE HOSTS", "SHOW REPLICAS"):
+            try:
+                cur.execute(statement)
+            except pymysql.err.MySQLError:
+                continue
             replicas = [(int(row[0]), str(row[1])) for row in cur.fetchall()]
-        except pymysql.err.MySQLError:
-            visible = False
+            visible = True
+            break
         return ServerFacts(variables, grants, replicas, visible)
     finally:
         cur.close()

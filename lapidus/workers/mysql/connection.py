@@ -108,6 +108,8 @@ class WatchedConnection(pymysql.connections.Connection):
         self.dead_after = dead_after
         self._stream: Optional[_StreamBuffer] = None
         self._poller: Optional[select.poll] = None
+        if "db" in kwargs:     # python-mysql-replication still passes pymysql's old name
+            kwargs["database"] = kwargs.pop("db")
         super().__init__(*args, **kwargs)
 
     @property

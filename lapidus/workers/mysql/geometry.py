@@ -2,9 +2,10 @@
 
 Pure functions; runs in the mysql worker process.  The binlog carries a geometry in the
 server's internal form: a 4-byte little-endian SRID followed by standard WKB.  Lapidus emits
-WKT, the text ``ST_AsText`` prints, prefixed with ``SRID=n;`` when the SRID is not 0
-(``SRID=4326;POINT(1 2)``, the EWKT convention PostGIS uses), so the value is readable and
-lossless: coordinates are printed with Python's shortest round-trip ``repr``.
+WKT in the layout MariaDB's ``ST_AsText`` prints (``POLYGON((0 0,10 0,10 10,0 0))``,
+``MULTIPOINT(1 1,2 2)``), prefixed with ``SRID=n;`` when the SRID is not 0
+(``SRID=4326;POINT(1 2)``, the EWKT convention PostGIS uses).  It is lossless: coordinates
+are printed with Python's shortest round-trip ``repr`` (``ST_AsText`` may round the last digit).
 
 A value that is not valid WKB (which the server should never write) is returned as
 ``None`` by :func:`geometry_text`; the caller falls back to base64 of the raw bytes.
@@ -51,7 +52,7 @@ class _Reader:
 
 
 def _coords(points: List[Tuple[float, float]]) -> str:
-    return ", ".join(f"{_number(x)} {_number(y)}" for x, y in points)
+    return ",".join(f"{_number(x)} {_number(y)}" for x, y in points)
 
 
 def _geometry(reader: _Reader) -> Tuple[str, str]:
@@ -78,13 +79,16 @@ def _geometry(reader: _Reader) -> Tuple[str, str]:
         for _ in range(count):
             (n,) = reader.take(order + "I")
             rings.append("(" + _coords([reader.point(order) for _ in range(n)]) + ")")
-        return name, f"({', '.join(rings)})" if rings else " EMPTY"
+        return name, f"({','.join(rings)})" if rings else " EMPTY"
     parts = [_geometry(reader) for _ in range(count)]
     if not parts:
         return name, " EMPTY"
     if kind == 7:
-        return name, "(" + ", ".join(n + body for n, body in parts) + ")"
-    return name, "(" + ", ".join(body for _, body in parts) + ")"
+        return name, "(" + ",".join(n + body for n, body in parts) + ")"
+    if kind == 4:     # MULTIPOINT(1 1,2 2), as MariaDB's ST_AsText prints it
+        return name, "(" + ",".join(body[1:-1] if body.startswith("(") else "EMPTY"
+                                    for _, body in parts) + ")"
+    return name, "(" + ",".join(body for _, body in parts) + ")"
 
 
 def geometry_text(value: bytes) -> Optional[str]:

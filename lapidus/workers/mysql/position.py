@@ -119,7 +119,8 @@ class Checkpoint:
     @classmethod
     def from_json(cls, value: Any) -> "Checkpoint":
         if not isinstance(value, dict) or value.get("v") != 1:
-            raise CheckpointError(f"not a mysql checkpoint (expected an object with v=1): {value!r}")
+            raise CheckpointError(
+                f"not a mysql checkpoint (expected an object with v=1): {value!r}")
         flavor = value.get("flavor")
         if flavor not in (MARIADB, MYSQL):
             raise CheckpointError(f"checkpoint flavor {flavor!r} is neither mariadb nor mysql")

@@ -29,7 +29,8 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
-    DeleteRowsEvent, PartialUpdateRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent,
+    DeleteRowsEvent, PartialUpdateRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent,
+    WriteRowsEvent,
 )
 
 from . import temporal
@@ -63,7 +64,7 @@ class _ExactRows:
     def _RowsEvent__add_fsp_to_time(self, time, column):
         # Only TIMESTAMP2 still reaches this (DATETIME2 is read above): ``time`` is the
         # library's utcfromtimestamp() of the 4 seconds bytes it has just read.
-        seconds = int((time - temporal._EPOCH).total_seconds())
+        seconds = int((time - temporal.EPOCH).total_seconds())
         frac = self.packet.read(temporal.fraction_bytes(column.fsp))
         return temporal.timestamp2_text(seconds.to_bytes(4, "big") + frac, column.fsp)
 
@@ -109,9 +110,20 @@ EVENTS = frozenset({
     ExactWriteRows, ExactUpdateRows, ExactDeleteRows, ExactPartialUpdateRows,
 })
 
-_PRIVATE = ("_BinLogStreamReader__connected_stream", "_BinLogStreamReader__connected_ctl",
-            "_BinLogStreamReader__use_checksum", "_BinLogStreamReader__optional_meta_data",
-            "_BinLogStreamReader__post_header_lengths", "_BinLogStreamReader__only_schemas")
+# The library internals this module relies on, checked once per reader: if a new library
+# version renamed one, the exact decoders would silently stop applying.
+_LIBRARY_PRIVATE = (
+    (BinLogStreamReader, ("_BinLogStreamReader__connect_to_stream",
+                          "_BinLogStreamReader__connect_to_ctl")),
+    (BinLogPacketWrapper, ("_BinLogPacketWrapper__event_map",)),
+    (RowsEvent, ("_RowsEvent__read_date", "_RowsEvent__read_datetime2",
+                 "_RowsEvent__read_time2", "_RowsEvent__add_fsp_to_time",
+                 "_RowsEvent__read_bit")),
+)
+_READER_PRIVATE = ("_BinLogStreamReader__connected_stream", "_BinLogStreamReader__connected_ctl",
+                   "_BinLogStreamReader__use_checksum", "_BinLogStreamReader__optional_meta_data",
+                   "_BinLogStreamReader__post_header_lengths",
+                   "_BinLogStreamReader__only_schemas")
 
 
 class BinlogReader(BinLogStreamReader):
@@ -134,8 +146,8 @@ class BinlogReader(BinLogStreamReader):
             log_file=log_file,
             log_pos=log_pos,
             # MariaDB: an empty position means "from the first binlog"; that is only used on
-            # a server that has never written a GTID, so nothing is replayed.
-            auto_position=gtid if gtid is not None else None,
+            # a server that had never written a GTID, so nothing is replayed.
+            auto_position=gtid,
             only_schemas=list(scope.static_schemas) if scope.static_schemas else None,
             only_events=list(EVENTS),
             is_mariadb=mariadb,
@@ -144,7 +156,9 @@ class BinlogReader(BinLogStreamReader):
             pymysql_wrapper=WatchedConnection,
             enable_logging=False,
         )
-        missing = [name for name in _PRIVATE if not hasattr(self, name)]
+        missing = [name for owner, names in _LIBRARY_PRIVATE for name in names
+                   if not hasattr(owner, name)]
+        missing += [name for name in _READER_PRIVATE if not hasattr(self, name)]
         if missing:
             raise RuntimeError(
                 "this python-mysql-replication version is not supported by lapidus (missing "

@@ -46,7 +46,7 @@ class MysqlSettings:
     @property
     def dead_after(self) -> float:
         """Seconds without a byte (events or heartbeats) after which the link counts as dead."""
-        return max(self.heartbeat_seconds * 3.0, self.heartbeat_seconds + 5.0)
+        return max(self.heartbeat_seconds * 3.0, self.heartbeat_seconds + 2.0)
 
     @property
     def report_host(self) -> str:

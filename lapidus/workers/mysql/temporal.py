@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-_EPOCH = _dt.datetime(1970, 1, 1)
+EPOCH = _dt.datetime(1970, 1, 1)
 
 # Offsets the server adds so that the big-endian bytes sort like the values (sql/my_time.c).
 _TIMEF_OFS = 0x800000000000
@@ -124,7 +124,7 @@ def timestamp2_text(data: bytes, fsp: int) -> str:
     micro = _fraction_from(data[4:], fsp)
     if seconds == 0 and micro == 0:
         return "0000-00-00T00:00:00" + _fraction_text(0, fsp) + "Z"
-    moment = _EPOCH + _dt.timedelta(seconds=seconds)
+    moment = EPOCH + _dt.timedelta(seconds=seconds)
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + _fraction_text(micro, fsp) + "Z"
 
 

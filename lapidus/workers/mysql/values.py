@@ -111,16 +111,26 @@ def geometry_value(value: Any) -> Any:
 def json_text_value(value: Any) -> Any:
     """A MariaDB JSON column (LONGTEXT with CHECK json_valid) as a nested value.
 
-    Numbers keep their exact digits: non-integers become Decimal, which the event encoder
-    writes as a bare JSON number with the same digits.  A text that does not parse (the
-    column was changed after the row was written) stays a string.
+    Numbers keep their exact digits: non-integers (and integers beyond 64 bits) become
+    Decimal, which the event encoder writes as a bare JSON number with the same digits.
+    A text that does not parse (the column was changed after the row was written) stays a
+    string.
     """
     if not isinstance(value, str):
         return bytes_or_text(value)
     try:
-        return json.loads(value, parse_float=decimal.Decimal)
+        return json.loads(value, parse_float=decimal.Decimal, parse_int=_json_int)
     except ValueError:
         return value
+
+
+_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _json_int(text: str) -> Any:
+    """JSON integers beyond the 64-bit range the encoder writes natively stay exact as Decimal."""
+    value = int(text)
+    return value if _INT_MIN <= value <= _UINT_MAX else decimal.Decimal(text)
 
 
 def json_binary_value(value: Any) -> Any:

@@ -1,0 +1,328 @@
+"""MysqlSource: the MySQL/MariaDB backend's change stream.
+
+Runs in the mysql worker process, after fork: the worker loop calls ``open(checkpoint)``, then
+``read()`` in a loop, ships the batches and calls ``commit()`` once they are delivered.
+
+open():  connect (retrying an unreachable server for ``connect_retry_seconds``), check the
+         server (checks.py), choose the start (the checkpoint, or the binlog's current end on
+         a first start), refuse a start the server no longer has, send the binlog dump request
+         and wait for the server's first answer, so that refusals (purged GTID, missing
+         REPLICATION SLAVE) surface here as clear errors.
+read():  returns as soon as it has events (after draining what already arrived, without
+         waiting), or an empty batch at the timeout.  Any failure of the stream raises a
+         non-fatal BackendError: the worker restarts from its checkpoint (never the library's
+         reconnect, which replays from where this reader started).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, FrozenSet, Optional, Tuple
+
+import pymysql
+
+from ..base import Batch, BackendError, Source
+from .changes import ChangeStream
+from .checks import check_server
+from .connection import (
+    ER_MASTER_FATAL_READING_BINLOG, Idle, LinkDead, connect, describe_error,
+)
+from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
+from .reader import BinlogReader, StreamEnded
+from .scope import scope_from
+from .settings import settings_from
+
+CHECKPOINT_FILE = "checkpoint.json"      # lapidus.checkpoint.CheckpointStore's default name
+_JSON_CHECK = re.compile(r"^json_valid\(`((?:[^`]|``)+)`\)$", re.I)
+
+
+class JsonColumnLookup:
+    """MariaDB JSON columns (LONGTEXT + CHECK json_valid) of a table, cached per table.
+
+    The binlog cannot tell a MariaDB JSON column from LONGTEXT; information_schema can.  It
+    answers for the table as it is now, not as it was when an old row was written: a column
+    changed to or from JSON later is mapped by its current definition (docs/types-mysql.md).
+    """
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._cache: Dict[Tuple[str, str], FrozenSet[str]] = {}
+
+    def reset(self) -> None:
+        self._cache.clear()
+
+    def __call__(self, schema: str, table: str) -> FrozenSet[str]:
+        key = (schema, table)
+        hit = self._cache.get(key)
+        if hit is None:
+            try:
+                self._conn.ping()
+            except pymysql.err.MySQLError:
+                self._conn.connect()    # a query connection: reconnecting replays nothing
+            cur = self._conn.cursor()
+            try:
+                cur.execute("SELECT CONSTRAINT_NAME, CHECK_CLAUSE FROM "
+                            "information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = %s "
+                            "AND TABLE_NAME = %s", (schema, table))
+                names = set()
+                for name, clause in cur.fetchall():
+                    match = _JSON_CHECK.match((clause or "").strip())
+                    if match and match.group(1).replace("``", "`") == name:
+                        names.add(name)
+            finally:
+                cur.close()
+            hit = self._cache[key] = frozenset(names)
+        return hit
+
+
+class MysqlSource(Source):
+    """One MySQL/MariaDB backend (``type = "mysql"``)."""
+
+    def __init__(self, backend, state_dir, log):
+        super().__init__(backend, state_dir, log)
+        self.settings = settings_from(backend.name, getattr(backend, "options", None))
+        self.scope = scope_from(backend)
+        self._conn = None
+        self._reader: Optional[BinlogReader] = None
+        self._changes: Optional[ChangeStream] = None
+        self._flavor: Optional[str] = None
+        self._last_commit: Any = None
+
+    # ------------------------------------------------------------------ open
+
+    def open(self, checkpoint: Optional[Any]) -> None:
+        try:
+            self._open(checkpoint)
+        except (pymysql.err.MySQLError, OSError) as exc:   # e.g. the server went away mid-check
+            self.close()
+            raise self._stream_error(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, checkpoint: Optional[Any]) -> None:
+        s = self.settings
+        self._conn = connect(s, self.log)
+        facts = check_server(s, self._conn, self.log)
+        mariadb = (s.flavor == "mariadb") if s.flavor else facts.mariadb
+        self._flavor = MARIADB if mariadb else MYSQL
+        gtid_mode = mariadb or (facts.variables.get("gtid_mode", "").upper() == "ON")
+        resume = self._parse_checkpoint(checkpoint)
+        if resume is None:
+            gtid, file, pos = self._current_end(gtid_mode)
+        else:
+            gtid, file, pos = self._resume_point(resume, gtid_mode)
+        self._changes = ChangeStream(
+            s.name, self._flavor, self.scope, gtid=gtid, file=file, pos=pos, resume=resume,
+            json_columns=JsonColumnLookup(self._conn) if mariadb else None,
+            describe=s.describe())
+        self._reader = BinlogReader(s, mariadb=mariadb, gtid=gtid,
+                                    log_file=None if gtid is not None else file,
+                                    log_pos=None if gtid is not None else pos,
+                                    scope=self.scope)
+        self._await_first_answer()
+        self.log.info("mysql stream open", position=self._changes.position,
+                      resumed=resume is not None, flavor=self._flavor, server_id=s.server_id)
+
+    def _checkpoint_path(self) -> Path:
+        return Path(self.state_dir) / CHECKPOINT_FILE
+
+    def _parse_checkpoint(self, checkpoint: Optional[Any]) -> Optional[Checkpoint]:
+        if checkpoint is None:
+            return None
+        try:
+            resume = Checkpoint.from_json(checkpoint)
+        except CheckpointError as exc:
+            raise BackendError(
+                f"{self.settings.describe()}: the saved checkpoint is unusable ({exc}); delete "
+                f"{self._checkpoint_path()} to start from the current end of the binlog",
+                fatal=True) from None
+        if resume.flavor != self._flavor:
+            raise BackendError(
+                f"{self.settings.describe()}: the saved checkpoint is a {resume.flavor} position "
+                f"but {self.settings.address} is {self._flavor}; point the backend at the right "
+                f"server, or delete {self._checkpoint_path()} to start from the current end",
+                fatal=True)
+        return resume
+
+    def _query(self, sql: str, args: Any = None):
+        cur = self._conn.cursor()
+        try:
+            cur.execute(sql, args)
+            return cur.fetchall()
+        except pymysql.err.MySQLError as exc:
+            raise describe_error(self.settings, exc) from exc
+        finally:
+            cur.close()
+
+    def _master_status(self) -> Tuple[Optional[str], Optional[int]]:
+        try:
+            rows = self._query("SHOW MASTER STATUS")
+        except BackendError:
+            rows = self._query("SHOW BINARY LOG STATUS")      # MySQL >= 8.4 knows only this
+        if not rows:
+            return None, None
+        return str(rows[0][0]), int(rows[0][1])
+
+    def _current_end(self, gtid_mode: bool) -> Tuple[Optional[str], Optional[str], Optional[int]]:
+        """First start: the end of the binlog now (changes committed later are streamed)."""
+        file, pos = self._master_status()
+        if self._flavor == MARIADB:
+            gtid = str(self._query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0] or "")
+        elif gtid_mode:
+            gtid = str(self._query("SELECT @@GLOBAL.gtid_executed")[0][0] or "").replace("\n", "")
+        else:
+            gtid = None
+        return gtid, file, pos
+
+    def _resume_point(self, resume: Checkpoint,
+                      gtid_mode: bool) -> Tuple[Optional[str], Optional[str], Optional[int]]:
+        """Where to start for ``resume``, after making sure the server still has it."""
+        logs = [str(row[0]) for row in self._query("SHOW BINARY LOGS")]
+        oldest = logs[0] if logs else None
+        if resume.gtid is not None and self._flavor == MARIADB:
+            start = str(self._query("SELECT BINLOG_GTID_POS(%s, 4)", (oldest,))[0][0] or "") \
+                if oldest else ""
+            missing = missing_after(resume.gtid, start)
+            if missing:
+                raise self._purged(resume, f"first missing transaction {missing}; the oldest "
+                                           f"binlog on the server, {oldest}, starts after "
+                                           f"{start}")
+            return resume.gtid, resume.file, resume.pos
+        if resume.gtid is not None and gtid_mode:
+            purged = str(self._query("SELECT @@GLOBAL.gtid_purged")[0][0] or "").replace("\n", "")
+            if purged and not self._gtid_set_covers(resume.gtid, purged):
+                raise self._purged(resume, f"the server purged {purged}")
+            return resume.gtid, resume.file, resume.pos
+        if resume.file not in logs:
+            raise self._purged(resume, f"binlog file {resume.file} is gone; the oldest the "
+                                       f"server has is {oldest}")
+        return None, resume.file, resume.pos
+
+    @staticmethod
+    def _gtid_set_covers(have: str, purged: str) -> bool:
+        from pymysqlreplication.gtid import GtidSet
+        return GtidSet(purged) in GtidSet(have)
+
+    def _purged(self, resume: Checkpoint, detail: str) -> BackendError:
+        where = resume.gtid if resume.gtid is not None else f"{resume.file}:{resume.pos}"
+        return BackendError(
+            f"{self.settings.describe()}: the server no longer has the binlog after the "
+            f"checkpoint {where} (saved at {resume.file}:{resume.pos}; {detail}): those changes "
+            f"were purged and cannot be streamed. Lapidus does not skip them silently: "
+            f"re-snapshot the tables, or delete the checkpoint file {self._checkpoint_path()} "
+            f"to start from the current end of the binlog, accepting the gap", fatal=True)
+
+    def _await_first_answer(self) -> None:
+        """Send the dump request and read until the server's format description event, so
+        that a refused start fails in open(), not in the first read()."""
+        from pymysqlreplication.event import FormatDescriptionEvent
+        reader = self._reader
+        reader.set_deadline(time.monotonic() + self.settings.connect_timeout)
+        try:
+            reader.connect()
+            while True:
+                event = reader.fetchone()
+                self._changes.feed(event, reader.log_file, reader.log_pos)
+                if isinstance(event, FormatDescriptionEvent):
+                    return
+        except Idle:
+            raise BackendError(
+                f"{self.settings.describe()}: {self.settings.address} accepted the binlog dump "
+                f"request but sent nothing in {self.settings.connect_timeout:g} s; will retry")
+        except Exception as exc:
+            raise self._stream_error(exc) from exc
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, max_events: int, timeout: float) -> Batch:
+        changes = self._changes
+        reader = self._reader
+        if changes is None or reader is None:
+            raise BackendError(f"{self.settings.describe()}: read() before open()")
+        events = changes.take(max_events)
+        deadline = time.monotonic() + timeout
+        # With events in hand, only what has already arrived is read: no added waiting.
+        reader.set_deadline(0.0 if events else deadline)
+        try:
+            while len(events) < max_events:
+                event = reader.fetchone()
+                changes.feed(event, reader.log_file, reader.log_pos)
+                if changes.pending:
+                    if not events:
+                        reader.set_deadline(0.0)
+                    events.extend(changes.take(max_events - len(events)))
+                elif not events and time.monotonic() >= deadline:
+                    break       # a long run of filtered changes: report progress on time
+        except Idle:
+            pass
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._stream_error(exc) from exc
+        return Batch(events, changes.checkpoint().to_json())
+
+    def _stream_error(self, exc: BaseException) -> BackendError:
+        s = self.settings
+        who = s.describe()
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, LinkDead):
+            return BackendError(
+                f"{who}: the binlog stream from {s.address} went silent ({exc}; the server "
+                f"sends a heartbeat every {s.heartbeat_seconds:g} s); reconnecting from the "
+                f"last checkpoint")
+        if isinstance(exc, StreamEnded):
+            return BackendError(f"{who}: {s.address} ended the binlog stream; reconnecting from "
+                                f"the last checkpoint")
+        if isinstance(exc, pymysql.err.MySQLError):
+            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+            if code == ER_MASTER_FATAL_READING_BINLOG:
+                position = self._changes.position if self._changes else "?"
+                return BackendError(
+                    f"{who}: {s.address} refuses to stream from {position}: {exc.args[1]}. If "
+                    f"the binlog was purged or the server was reset, those changes are gone: "
+                    f"re-snapshot the tables, or delete the checkpoint file "
+                    f"{self._checkpoint_path()} to start from the current end of the binlog, "
+                    f"accepting the gap", fatal=True)
+            error = describe_error(s, exc)
+            if not error.fatal and code in (2013, 2006):
+                return BackendError(
+                    f"{error} (if this repeats, another reader may be using server_id "
+                    f"{s.server_id}: every reader of a server needs its own)")
+            return error
+        if isinstance(exc, OSError):
+            return BackendError(f"{who}: connection to {s.address} failed ({exc}); reconnecting "
+                                f"from the last checkpoint")
+        return BackendError(f"{who}: reading the binlog failed: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ rest
+
+    def commit(self, checkpoint: Any) -> None:
+        # Nothing to release on the server (a binlog reader holds no slot); kept for status.
+        self._last_commit = checkpoint
+
+    def status(self) -> dict:
+        out: Dict[str, Any] = {"server": self.settings.address,
+                               "server_id": self.settings.server_id, "flavor": self._flavor}
+        if self._changes is not None:
+            out["read_position"] = self._changes.position
+        if self._reader is not None:
+            out["binlog"] = f"{self._reader.log_file}:{self._reader.log_pos}"
+        return out
+
+    def close(self) -> None:
+        reader, self._reader = self._reader, None
+        conn, self._conn = self._conn, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:    # closing a broken connection may fail; nothing to keep
+                pass
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass

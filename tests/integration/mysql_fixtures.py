@@ -1,0 +1,252 @@
+"""Fixtures for the MySQL/MariaDB integration tests (import them into a test module).
+
+They need the local MariaDB configured by ``scripts/setup-local`` (binlog on, ROW, FULL image,
+FULL metadata) at 127.0.0.1:3306, root without password.  Tests are skipped when the server
+cannot be reached and fail when it runs with a binlog configuration CDC cannot use.
+
+Each test session works in its own database ``lapidus_test_mysql_<pid>`` (so parallel runs on
+one server do not collide), re-created empty for every test and dropped at the end; databases
+left behind by dead sessions are dropped at start.  Sources opened through ``open_source`` are
+closed after the test.  Waiting is always on a condition with a deadline, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import pymysql
+import pytest
+import structlog
+
+from lapidus.config import BackendConfig
+from lapidus.events import Event
+from lapidus.workers.base import Batch
+from lapidus.workers.mysql import MysqlSource
+
+HOST = os.environ.get("LAPIDUS_TEST_MYSQL_HOST", "127.0.0.1")
+PORT = int(os.environ.get("LAPIDUS_TEST_MYSQL_PORT", "3306"))
+ROOT = os.environ.get("LAPIDUS_TEST_MYSQL_USER", "root")
+ROOT_PASSWORD = os.environ.get("LAPIDUS_TEST_MYSQL_PASSWORD", "")
+DATABASE = f"lapidus_test_mysql_{os.getpid()}"
+
+_server_ids = iter(range(4_100_000 + (os.getpid() % 1000) * 1000, 5_000_000))
+
+
+def next_server_id() -> int:
+    """A server_id no other reader in this session uses."""
+    return next(_server_ids)
+
+
+def root_connection(**extra: Any) -> pymysql.connections.Connection:
+    return pymysql.connect(host=HOST, port=PORT, user=ROOT, password=ROOT_PASSWORD,
+                           autocommit=True, charset="utf8mb4", **extra)
+
+
+class Sql:
+    """A root connection for driving the server in tests."""
+
+    def __init__(self) -> None:
+        self.conn = root_connection()
+
+    def run(self, *statements: str, args: Any = None) -> None:
+        with self.conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement, args)
+
+    def rows(self, statement: str, args: Any = None) -> List[tuple]:
+        with self.conn.cursor() as cur:
+            cur.execute(statement, args)
+            return list(cur.fetchall())
+
+    def value(self, statement: str, args: Any = None) -> Any:
+        rows = self.rows(statement, args)
+        return rows[0][0] if rows else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Dict[str, str]:
+    """The server's binlog settings; skips without a server, fails when misconfigured."""
+    try:
+        conn = root_connection(connect_timeout=3)
+    except pymysql.err.MySQLError as exc:
+        pytest.skip(f"MariaDB/MySQL not reachable at {HOST}:{PORT} ({exc}); "
+                    f"run scripts/setup-local")
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata")
+        log_bin, fmt, image, metadata = cur.fetchone()
+        wanted = (1, "ROW", "FULL", "FULL")
+        if (int(log_bin), fmt, image, metadata) != wanted:
+            conn.close()
+            pytest.fail(f"server binlog is log_bin={log_bin} binlog_format={fmt} "
+                        f"binlog_row_image={image} binlog_row_metadata={metadata}; "
+                        f"run scripts/setup-local")
+        cur.execute("SHOW DATABASES LIKE 'lapidus\\_test\\_mysql\\_%'")
+        for (name,) in cur.fetchall():
+            pid = name.rsplit("_", 1)[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    conn.close()
+    yield {"host": HOST, "port": str(PORT)}
+    with root_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{DATABASE}`")
+
+
+@pytest.fixture
+def sql(mysql_server) -> Sql:
+    """A root connection, with this session's test database freshly created and empty."""
+    helper = Sql()
+    helper.run(f"DROP DATABASE IF EXISTS `{DATABASE}`",
+               f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4")
+    helper.run(f"USE `{DATABASE}`")
+    yield helper
+    helper.close()
+
+
+def backend(name: str = "crm", *, include: Tuple[str, ...] = (), exclude: Tuple[str, ...] = (),
+            **options: Any) -> BackendConfig:
+    opts = {"host": HOST, "port": PORT, "user": ROOT, "password": ROOT_PASSWORD,
+            "database": DATABASE, "server_id": next_server_id(), "connect_retry_seconds": 5,
+            "heartbeat_seconds": 1}
+    opts.update(options)
+    return BackendConfig(name=name, type="mysql", options=opts, include_tables=include,
+                         exclude_tables=exclude)
+
+
+@pytest.fixture
+def open_source(mysql_server, tmp_path) -> Callable[..., MysqlSource]:
+    """``open_source(checkpoint=None, name="crm", **options)`` -> an opened MysqlSource,
+    closed after the test."""
+    opened: List[MysqlSource] = []
+
+    def make(checkpoint: Any = None, name: str = "crm", *, include=(), exclude=(),
+             **options: Any) -> MysqlSource:
+        source = MysqlSource(backend(name, include=include, exclude=exclude, **options),
+                             tmp_path / name, structlog.get_logger().bind(backend=name))
+        opened.append(source)
+        source.open(checkpoint)
+        return source
+
+    yield make
+    for source in opened:
+        source.close()
+
+
+class FreezableProxy:
+    """A TCP proxy to the server that can stop forwarding without closing anything: to the
+    client the link looks alive but silent, as after a network partition."""
+
+    def __init__(self, target: Tuple[str, int]):
+        self.target = target
+        self.frozen = threading.Event()
+        self.closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: List[socket.socket] = [self._listener]
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                thread = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        source.settimeout(0.1)
+        while not self.closed.is_set():
+            if self.frozen.is_set():
+                self.closed.wait(0.1)      # leave the bytes unread: the link goes silent
+                continue
+            try:
+                data = source.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in self._sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+
+@pytest.fixture
+def tcp_proxy(mysql_server) -> FreezableProxy:
+    proxy = FreezableProxy((HOST, PORT))
+    yield proxy
+    proxy.close()
+
+
+def read_until(source: MysqlSource, done: Callable[[List[Event]], bool], *,
+               timeout: float = 10.0, max_events: int = 1000) -> Tuple[List[Event], Any]:
+    """Read batches until ``done(events)`` holds; returns the events and the last checkpoint.
+
+    Fails the test when the condition does not hold within ``timeout`` seconds.
+    """
+    events: List[Event] = []
+    checkpoint = None
+    give_up = time.monotonic() + timeout
+    while not done(events):
+        if time.monotonic() > give_up:
+            pytest.fail(f"condition not met within {timeout} s; got {len(events)} events: "
+                        f"{[e.id for e in events][:20]}")
+        batch: Batch = source.read(max_events, 0.2)
+        events.extend(batch.events)
+        checkpoint = batch.checkpoint
+    return events, checkpoint
+
+
+def read_count(source: MysqlSource, count: int, **kwargs: Any) -> Tuple[List[Event], Any]:
+    return read_until(source, lambda events: len(events) >= count, **kwargs)
+
+
+def read_to_marker(source: MysqlSource, marker_table: str = "marker",
+                   **kwargs: Any) -> Tuple[List[Event], Any]:
+    """Everything up to and including the first insert into ``marker_table``: writing a marker
+    after the statements under test proves that nothing else came before it."""
+    return read_until(
+        source, lambda events: any(e.table == marker_table and e.type == "insert"
+                                   for e in events), **kwargs)
+
+
+def without_marker(events: List[Event], marker_table: str = "marker") -> List[Event]:
+    cut = next(i for i, e in enumerate(events) if e.table == marker_table and e.type == "insert")
+    return events[:cut]

@@ -1,0 +1,84 @@
+"""Integration: start-up failures of MysqlSource against the real MariaDB.
+
+Wrong password (fatal, password never shown), unreachable host (not fatal, names host and port,
+gives up after connect_retry_seconds), missing privileges (fatal, names them), and a server_id
+already used by another replica (fatal).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from lapidus.workers.base import BackendError
+
+# The fixtures come in as a plugin, so test arguments do not shadow imported names.
+pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
+pytest_plugins = ["tests.integration.mysql_fixtures"]
+from tests.integration.mysql_fixtures import next_server_id  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "S3cret-pw-never-shown"
+
+
+@pytest.fixture
+def limited_user(sql):
+    """A user with a password and SELECT only (no replication privileges)."""
+    name = f"lapidus_t_{os.getpid()}"
+    sql.run(f"DROP USER IF EXISTS '{name}'@'%'",
+            f"CREATE USER '{name}'@'%' IDENTIFIED BY '{PASSWORD}'",
+            f"GRANT SELECT ON *.* TO '{name}'@'%'")
+    yield name
+    sql.run(f"DROP USER IF EXISTS '{name}'@'%'")
+
+
+def test_wrong_password_is_fatal_and_never_shows_the_password(limited_user, open_source):
+    wrong = "not-the-" + PASSWORD
+    with pytest.raises(BackendError) as failure:
+        open_source(user=limited_user, password=wrong)
+    message = str(failure.value)
+    assert failure.value.fatal
+    assert limited_user in message and "127.0.0.1:3306" in message and "password" in message
+    assert wrong not in message and PASSWORD not in message
+
+
+def test_missing_replication_privileges_are_fatal_and_named(limited_user, open_source):
+    with pytest.raises(BackendError) as failure:
+        open_source(user=limited_user, password=PASSWORD)
+    message = str(failure.value)
+    assert failure.value.fatal
+    assert "lacks REPLICATION SLAVE, REPLICATION CLIENT" in message
+    assert f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{limited_user}'" in message
+    assert PASSWORD not in message
+
+
+def test_unreachable_host_is_retried_then_a_non_fatal_error_naming_host_and_port(open_source):
+    started = time.monotonic()
+    with pytest.raises(BackendError) as failure:
+        open_source(host="127.0.0.1", port=1, connect_retry_seconds=1.0)
+    elapsed = time.monotonic() - started
+    assert not failure.value.fatal
+    assert "127.0.0.1:1" in str(failure.value) and "attempts" in str(failure.value)
+    assert 0.9 <= elapsed < 5
+
+
+def test_server_id_used_by_another_replica_is_fatal(sql, open_source):
+    shared = next_server_id()
+    first = open_source(name="first", server_id=shared)
+    with pytest.raises(BackendError) as failure:
+        open_source(name="second", server_id=shared)
+    assert failure.value.fatal
+    assert f"server_id {shared} is already used by the replica \"lapidus/first@" in \
+        str(failure.value)
+    first.close()
+
+
+def test_reopening_with_our_own_server_id_is_not_a_clash(sql, open_source):
+    shared = next_server_id()
+    first = open_source(name="again", server_id=shared)
+    first.read(10, 0.05)
+    again = open_source(name="again", server_id=shared)     # the worker restarting
+    assert again.read(10, 0.05).events == []
