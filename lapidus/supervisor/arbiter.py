@@ -170,9 +170,9 @@ class Arbiter:
             timeout = max(0.0, min(timeout, min(due) - time.monotonic()))
         ready = multiprocessing.connection.wait(conns + [wakeup, self.control], timeout)
         if self.control in ready:
-            self.control.accept_and_answer()
+            self.control.answer_pending()
         if self.http is not None and self.http in ready:
-            self.http.accept_and_answer()
+            self.http.answer_pending()
         for item in ready:
             if item == wakeup:
                 try:

@@ -10,17 +10,17 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict
 
 from ..control import encode_message, read_message
+from .listener import LoopListener
 
 
-class ControlServer:
+class ControlServer(LoopListener):
     def __init__(self, path: Path, handlers: Dict[str, Callable[[dict], dict]], log):
+        super().__init__(self._answer, log)
         self.path = Path(path)
         self.handlers = handlers
-        self.log = log
-        self.sock: Optional[socket.socket] = None
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -36,30 +36,12 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        sock.listen(16)
-        sock.setblocking(False)
-        self.sock = sock
+        self.listen(sock)
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def accept_and_answer(self) -> None:
-        """Answer every pending connection (called when the socket is readable)."""
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except BlockingIOError:
-                return
-            with conn:
-                conn.setblocking(True)
-                conn.settimeout(2.0)
-                try:
-                    request = read_message(conn)
-                    if request is None:
-                        continue
-                    conn.sendall(encode_message(self.dispatch(request)))
-                except (OSError, ValueError) as exc:
-                    self.log.warning("bad control request", error=str(exc))
+    def _answer(self, conn: socket.socket) -> None:
+        request = read_message(conn)
+        if request is not None:
+            conn.sendall(encode_message(self.dispatch(request)))
 
     def dispatch(self, request: dict) -> dict:
         command = request.get("command")
@@ -74,10 +56,8 @@ class ControlServer:
             return {"ok": False, "code": "unknown_backend", "error": str(exc).strip("'\"")}
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+        super().close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

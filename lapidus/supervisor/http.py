@@ -10,43 +10,27 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 from . import metrics
+from .listener import LoopListener
 
 
-class HttpServer:
+class HttpServer(LoopListener):
+    timeout = 1.0
+
     def __init__(self, host: str, port: int, status: Callable[[], dict], log):
+        super().__init__(self._answer, log)
         self.address = (host, port)
         self.status = status
-        self.log = log
-        self.sock: Optional[socket.socket] = None
 
     def open(self) -> None:
         family = socket.AF_INET6 if ":" in self.address[0] else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(self.address)
-        sock.listen(16)
-        sock.setblocking(False)
-        self.sock = sock
+        self.listen(sock)
         self.log.info("http listening", address=f"{self.address[0]}:{self.address[1]}")
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def accept_and_answer(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except BlockingIOError:
-                return
-            with conn:
-                conn.settimeout(1.0)
-                try:
-                    self._answer(conn)
-                except OSError:
-                    pass  # a client that goes away mid-request is its own problem
 
     def _answer(self, conn: socket.socket) -> None:
         data = b""
@@ -74,7 +58,3 @@ class HttpServer:
             return ("200 OK" if not down else "503 Service Unavailable"), "application/json", body
         return "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
 
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
