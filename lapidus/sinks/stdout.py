@@ -1,12 +1,16 @@
 """The stdout sink: line-delimited JSON, one event per line, flushed per batch.
 
-Runs in the dispatcher process.  One instance serves every backend so lines never interleave.
+Runs in the dispatcher process.  One instance serves every backend, and a lock keeps one batch's
+lines together.  The write itself runs in a thread: a slow reader of standard output (a pipe into
+a slow consumer) must hold back only what goes to standard output, not the dispatcher's loop and
+with it every other sink.
 A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
 cleanly, and the batch that could not be written is not confirmed, so its position is not saved.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from typing import Sequence
@@ -21,6 +25,7 @@ class StdoutSink(Sink):
     def __init__(self, options, backend):
         super().__init__(options, backend)
         self.fd = int(self.options.get("fd", 1))
+        self._lock = asyncio.Lock()
 
     @classmethod
     def validate(cls, options):
@@ -29,6 +34,10 @@ class StdoutSink(Sink):
 
     async def send(self, records: Sequence[Record]) -> None:
         data = b"\n".join([r.data for r in records]) + b"\n"
+        async with self._lock:
+            await asyncio.get_running_loop().run_in_executor(None, self._write_all, data)
+
+    def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
         try:
             while view:

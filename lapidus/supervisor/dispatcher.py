@@ -40,8 +40,8 @@ class Pipeline:
         self.generation = 0
         self.delivered = 0
 
-    def attach(self, writer: asyncio.StreamWriter) -> int:
-        """A (re)connected worker: batches of older connections are no longer wanted."""
+    def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
+        """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
         while not self.queue.empty():
@@ -149,6 +149,10 @@ class Dispatcher:
             pass  # shutting down: the worker sees the connection close and stops or retries
         finally:
             writer.close()
+            if pipeline is not None and pipeline.generation == generation:
+                # Its worker is gone: what it queued will come again from its restart, so
+                # delivering it now would only make duplicates.
+                pipeline.attach(None)
 
     async def report_forever(self) -> None:
         while self.status is not None:

@@ -170,10 +170,13 @@ class ChildHandle:
                 out["rss_bytes"] = psutil.Process(self.pid).memory_info().rss
             except psutil.NoSuchProcess:
                 pass
-        out.update(self.info)
-        counts = dict(self.counts_base)
-        for key, count in (self.info.get("event_counts") or {}).items():
-            counts[key] = counts.get(key, 0) + count
+        out.update((k, v) for k, v in self.info.items() if k != "event_counts")
+        # {"schema.table": {"insert": n, ...}}: JSON-safe for lapidusctl, nested for /metrics
+        counts: Dict[str, Dict[str, int]] = {}
+        for source in (self.counts_base, self.info.get("event_counts") or {}):
+            for (table, kind), count in source.items():
+                per_table = counts.setdefault(table, {})
+                per_table[kind] = per_table.get(kind, 0) + count
         out["event_counts"] = counts
         out["events_per_second"] = round(self.events_per_second(), 1)
         return out

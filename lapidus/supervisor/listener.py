@@ -42,6 +42,9 @@ class LoopListener:
                 except (OSError, ValueError) as exc:
                     # a client that goes away or sends garbage is its own problem
                     self.log.debug("request not answered", error=str(exc))
+                except Exception:
+                    # a bug in answering one request must never stop the supervisor
+                    self.log.exception("request failed")
 
     def close(self) -> None:
         if self.sock is not None:

@@ -63,8 +63,9 @@ def render(status: dict) -> str:
     )}
     for b in status.get("backends", []):
         name = b["name"]
-        for (table, kind), count in (b.get("event_counts") or {}).items():
-            f["lapidus_events_total"].add(count, backend=name, table=table, type=kind)
+        for table, kinds in (b.get("event_counts") or {}).items():
+            for kind, count in kinds.items():
+                f["lapidus_events_total"].add(count, backend=name, table=table, type=kind)
         for state in STATE_VALUES:
             f["lapidus_backend_state"].add(1 if b["state"] == state else 0, backend=name,
                                            state=state)

@@ -33,7 +33,8 @@ ROOT = os.environ.get("LAPIDUS_TEST_MYSQL_USER", "root")
 ROOT_PASSWORD = os.environ.get("LAPIDUS_TEST_MYSQL_PASSWORD", "")
 DATABASE = f"lapidus_test_mysql_{os.getpid()}"
 
-_server_ids = iter(range(4_100_000 + (os.getpid() % 1000) * 1000, 5_000_000))
+# 900 slots of 1000 ids below 5,000,000: every pid gets a non-empty range
+_server_ids = iter(range(4_100_000 + (os.getpid() % 900) * 1000, 5_000_000))
 
 
 def next_server_id() -> int:
@@ -250,3 +251,103 @@ def read_to_marker(source: MysqlSource, marker_table: str = "marker",
 def without_marker(events: List[Event], marker_table: str = "marker") -> List[Event]:
     cut = next(i for i, e in enumerate(events) if e.table == marker_table and e.type == "insert")
     return events[:cut]
+
+
+# --------------------------------------------------------------------------------------------
+# The real ``lapidus`` process with a mysql backend (tests/integration/test_mysql_supervised.py)
+
+import subprocess  # noqa: E402  (this section's own import; the file grows by appending)
+
+MARIADB_BIN = "/usr/sbin/mariadbd"
+
+# next_server_id() runs dry in sessions whose pid ends in 900..999 (its range then starts past
+# its end); these ids are the supervised tests' own: 100 per session, apart from those.
+_SUPERVISED_IDS_FROM = 6_000_000 + (os.getpid() % 1_000_000) * 100
+_supervised_server_ids = iter(range(_SUPERVISED_IDS_FROM, _SUPERVISED_IDS_FROM + 100))
+
+
+def lapidus_backend(name: str = "crm", **options: Any) -> dict:
+    """A mysql backend entry for a ``lapidus`` configuration file (the dict form of
+    :func:`backend`): this session's database, a fresh server_id, quick heartbeats."""
+    entry = {"name": name, "type": "mysql", "host": HOST, "port": PORT, "user": ROOT,
+             "password": ROOT_PASSWORD, "database": DATABASE,
+             "server_id": next(_supervised_server_ids), "connect_retry_seconds": 5,
+             "heartbeat_seconds": 1}
+    entry.update(options)
+    return entry
+
+
+def server_answers() -> bool:
+    """True when the server accepts a root connection right now."""
+    try:
+        root_connection(connect_timeout=1).close()
+    except pymysql.err.MySQLError:
+        return False
+    return True
+
+
+def server_process_gone() -> bool:
+    """No ``mariadbd`` process left (how scripts/setup-local tells a finished shutdown)."""
+    return subprocess.run(["start-stop-daemon", "--status", "--exec", MARIADB_BIN],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    give_up = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def begin_server_shutdown() -> subprocess.Popen:
+    """Start ``mariadb-admin shutdown`` of the local bare ``mariadbd`` without waiting for it
+    (the server was started without systemd; see scripts/setup-local)."""
+    argv = ["mariadb-admin", f"--host={HOST}", f"--port={PORT}", f"--user={ROOT}"]
+    if ROOT_PASSWORD:
+        argv.append(f"--password={ROOT_PASSWORD}")
+    return subprocess.Popen(argv + ["shutdown"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+
+def start_server(timeout: float = 60.0) -> None:
+    """Start ``mariadbd`` as scripts/setup-local does and wait until it answers; nothing to
+    do when it already answers.  Call it in a ``finally`` after any shutdown."""
+    if server_answers():
+        return
+    if server_process_gone():
+        subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background",
+                        "--exec", MARIADB_BIN], check=True)
+    _wait(server_answers, timeout, f"MariaDB at {HOST}:{PORT} to answer after start")
+
+
+def restart_server(shutdown: "subprocess.Popen | None" = None, timeout: float = 60.0) -> None:
+    """Shut the server down (or finish the shutdown begun by :func:`begin_server_shutdown`),
+    wait until the process is gone, start it again and wait until it answers."""
+    shutdown = shutdown or begin_server_shutdown()
+    shutdown.wait(timeout)
+    _wait(server_process_gone, timeout, "mariadbd to exit after mariadb-admin shutdown")
+    start_server(timeout)
+
+
+@pytest.fixture
+def mysql_user(sql) -> Callable[[str], str]:
+    """``mysql_user(password)`` -> the name of a new user ``'name'@'%'`` with REPLICATION
+    SLAVE, REPLICATION CLIENT and SELECT, identified by ``password``; dropped after the test."""
+    made: List[str] = []
+
+    def make(password: str) -> str:
+        name = f"lapidus_u{os.getpid()}_{len(made)}"
+        with sql.conn.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{name}'@'%'")
+            # with arguments pymysql %-formats the statement: the host wildcard is '%%'
+            cur.execute(f"CREATE USER '{name}'@'%%' IDENTIFIED BY %s", (password,))
+            cur.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* "
+                        f"TO '{name}'@'%'")
+        made.append(name)
+        return name
+
+    yield make
+    with root_connection() as conn, conn.cursor() as cur:
+        for name in made:
+            cur.execute(f"DROP USER IF EXISTS '{name}'@'%'")
