@@ -3,7 +3,7 @@
 Runs in the ``lapidus`` process.  Creates a ``lapidus_demo`` database with a ``demo_items``
 table, starts the supervisor with one PostgreSQL backend (temporary slot) and the stdout sink,
 and writes a few rows from a helper process so events appear on standard output.  Ctrl-C stops
-everything; the slot is dropped on the way out.
+everything; the slot (and the publication, with pgoutput) are dropped on the way out.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def _prepare(dsn: str) -> dict:
     demo = psycopg2.connect(dsn, dbname=DEMO_DB)
     demo.autocommit = True
     with demo.cursor() as cur:
-        cur.execute("CREATE TABLE IF NOT EXISTS demo_items (id serial PRIMARY KEY, "
+        # A fresh table every run, so the demo tells the same story each time.
+        cur.execute("DROP TABLE IF EXISTS demo_items")
+        cur.execute("CREATE TABLE demo_items (id serial PRIMARY KEY, "
                     "name text NOT NULL, price numeric(10,2), tags text[], "
                     "updated_at timestamptz DEFAULT now())")
     demo.close()
@@ -94,5 +96,6 @@ def run_demo(dsn: str) -> int:
     finally:
         if writer.is_alive():
             os.kill(writer.pid, signal.SIGKILL)
-        print("lapidus demo: stopped; the demo slot was dropped. Rerun with 'make demo'.",
+        print("lapidus demo: stopped; its slot and publication were dropped. Run it again with "
+              "'make demo'.",
               file=sys.stderr)

@@ -441,14 +441,21 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
                     "63 at most", lambda v, c: pg_identifier(v["name"])), types=PG),
     Setting("temporary_slot", Bool(), "Use a temporary slot (dropped on disconnect: changes "
             "made while stopped are lost; for demos and tests).", False, types=PG),
-    Setting("decoder", Choice("wal2json", "pgoutput"), "Logical decoding output plugin.",
-            "wal2json", types=PG),
-    Setting("publication", Str(), "Publication read by the `pgoutput` decoder.",
+    Setting("decoder", Choice("auto", "pgoutput", "wal2json"),
+            "Logical decoding output plugin. `auto`: the plugin of an existing slot, else "
+            "`pgoutput` when the server allows it (built in, the default), else `wal2json`. "
+            "`pgoutput` keeps NaN and infinities exact and needs a publication; `wal2json` "
+            "needs the plugin installed. See docs/postgresql.md.", "auto", types=PG),
+    Setting("publication", Str(), "Publication read by the `pgoutput` decoder; set up "
+            "before the slot, as `publication_mode` says.",
             Derived("`lapidus_<name>`, made valid like `slot`",
                     lambda v, c: pg_identifier(v["name"])), types=PG),
     Setting("publication_mode", Choice("all_tables", "filtered", "existing"),
-            "`all_tables`: create it FOR ALL TABLES; `filtered`: create it for the tables "
-            "that pass include/exclude; `existing`: use it as the DBA made it.", "all_tables",
+            "`all_tables`: create it FOR ALL TABLES if missing (superuser); `filtered`: "
+            "create it, or change it, to list the tables that pass include/exclude now "
+            "(tables created later need a restart); `existing`: use it as the DBA made it, "
+            "never create or change it. Lapidus refuses to publish tables without a primary "
+            "key or replica identity (UPDATE/DELETE on them would fail).", "all_tables",
             types=PG),
     Setting("messages", Bool(), "Emit `pg_logical_emit_message` calls as `message` events.",
             True, types=PG),

@@ -117,7 +117,9 @@ class LapidusProcess:
     def events(self):
         if not self.stdout_path.exists():
             return []
-        lines = self.stdout_path.read_bytes().splitlines()
+        data = self.stdout_path.read_bytes()
+        # only complete lines: the last one may be in the middle of being written
+        lines = data[:data.rfind(b"\n") + 1].splitlines()
         return [json.loads(line) for line in lines if line.strip()]
 
     def wait_events(self, count: int, timeout: float = 30.0):

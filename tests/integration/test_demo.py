@@ -36,3 +36,8 @@ def test_demo_streams_rows_and_removes_its_slot_on_ctrl_c(tmp_path):
         cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'lapidus_demo'")
         assert cur.fetchone()[0] == 0
     conn.close()
+    demo_db = pg_connect("lapidus_demo")
+    with demo_db.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_publication")
+        assert cur.fetchone()[0] == 0, "the demo left its publication behind"
+    demo_db.close()

@@ -208,7 +208,7 @@ def test_bad_port():
 
 def test_bad_choice_suggests():
     assert problems(pg(decoder="wal2jsn")) == [
-        'backends[0].decoder: expected one of wal2json, pgoutput, got "wal2jsn" '
+        'backends[0].decoder: expected one of auto, pgoutput, wal2json, got "wal2jsn" '
         '(did you mean "wal2json"?)']
 
 
@@ -570,10 +570,11 @@ def test_postgresql_defaults():
         "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
         "host": "127.0.0.1", "port": 5432, "user": "postgres", "password": None,
         "connect_timeout": 10, "passfile": None, "database": "shop",
-        "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "wal2json",
+        "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
         "publication": "lapidus_shop_eu", "publication_mode": "all_tables", "messages": True,
         "sslmode": None, "fsync_interval": 1.0, "status_interval": 1.0,
-        "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "pg_recvlogical": None,
+        "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
+        "pg_recvlogical": None,
     }
     assert (b.include_tables, b.exclude_tables, b.plugins) == ((), (), None)
 
@@ -900,7 +901,7 @@ def test_spec_settings_are_declared():
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",
         "decoder", "publication", "publication_mode", "messages", "sslmode", "connect_timeout",
         "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
-        "pg_recvlogical"}
+        "slot_warn_bytes", "pg_recvlogical"}
     assert names["mysql"] - common == {
         "host", "port", "user", "password", "database", "server_id", "connect_timeout",
         "connect_retry_seconds", "heartbeat_seconds", "allow_partial_row_image", "flavor"}

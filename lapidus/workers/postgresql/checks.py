@@ -8,7 +8,7 @@ cannot solve are ``fatal`` so the supervisor does not restart the worker in a lo
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import List, Optional
 
 import psycopg2
 
@@ -36,16 +36,130 @@ def check_server(conn, backend: str, plugin: str) -> None:
         raise BackendError(
             f'backend "{backend}": role "{user}" lacks the REPLICATION attribute; '
             f"run ALTER ROLE {user} REPLICATION; as a superuser", fatal=True)
-    allowed = _one(conn, "SELECT setting FROM pg_settings WHERE name = 'output_plugin_libraries'")
-    if allowed is not None:
-        names = [n.strip().strip('"') for n in (allowed[0] or "").split(",") if n.strip()]
-        if plugin not in names:
-            wanted = ", ".join(f"'{n}'" for n in dict.fromkeys(names + [plugin]))
-            raise BackendError(
-                f'backend "{backend}": this server does not allow the output plugin {plugin} '
-                f"(output_plugin_libraries = '{allowed[0]}'); run ALTER SYSTEM SET "
-                f"output_plugin_libraries = {wanted}; SELECT pg_reload_conf(); "
-                f"(the value is a list: each name quoted on its own)", fatal=True)
+    allowed = allowed_output_plugins(conn)
+    if allowed is not None and plugin not in allowed:
+        raise BackendError(
+            f'backend "{backend}": this server does not allow the output plugin {plugin} '
+            f"(output_plugin_libraries = '{_plugin_setting(conn)}'); run ALTER SYSTEM SET "
+            f"output_plugin_libraries = {_plugin_list_sql(allowed, [plugin])}; "
+            f"SELECT pg_reload_conf(); (the value is a list: each name quoted on its own)",
+            fatal=True)
+
+
+# -- choosing the decoder -------------------------------------------------------------------
+
+DECODERS = ("pgoutput", "wal2json")
+# What the ALTER SYSTEM line in error messages lists first: every plugin Lapidus can use.
+STANDARD_PLUGINS = ("pgoutput", "test_decoding", "wal2json")
+
+
+def parse_identifier_list(text: str) -> List[str]:
+    """A list setting as PostgreSQL reads it: comma-separated, names optionally in double
+    quotes (``""`` inside is one quote), unquoted names lowercased.
+
+    ``"pgoutput, wal2json"`` (what ALTER SYSTEM makes of one quoted string) is ONE name.
+    """
+    names: List[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i].isspace():
+            i += 1
+        if i >= n:
+            break
+        if text[i] == '"':
+            i += 1
+            chars = []
+            while i < n:
+                if text[i] == '"':
+                    if i + 1 < n and text[i + 1] == '"':
+                        chars.append('"')
+                        i += 2
+                        continue
+                    i += 1
+                    break
+                chars.append(text[i])
+                i += 1
+            name = "".join(chars)
+        else:
+            start = i
+            while i < n and text[i] != "," and not text[i].isspace():
+                i += 1
+            name = text[start:i].lower()
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == ",":
+            i += 1
+        if name:
+            names.append(name)
+    return names
+
+
+def _plugin_setting(conn) -> Optional[str]:
+    row = _one(conn, "SELECT setting FROM pg_settings WHERE name = 'output_plugin_libraries'")
+    return None if row is None else (row[0] or "")
+
+
+def allowed_output_plugins(conn) -> Optional[List[str]]:
+    """The plugins ``output_plugin_libraries`` allows; None when the server has no such
+    setting (it then allows every installed plugin)."""
+    setting = _plugin_setting(conn)
+    return None if setting is None else parse_identifier_list(setting)
+
+
+def _plugin_list_sql(allowed: List[str], wanted) -> str:
+    """``'pgoutput', 'test_decoding', 'wal2json'``: the list to set, each name its own literal,
+    keeping plugins already allowed for other consumers."""
+    # A name with a comma or a space inside is the bogus single entry that one quoted string
+    # makes: leave it out.
+    kept = [name for name in allowed if "," not in name and " " not in name]
+    names = dict.fromkeys(list(STANDARD_PLUGINS) + list(wanted) + kept)
+    return ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+
+
+def choose_decoder(conn, *, backend: str, slot: str, configured: str) -> str:
+    """The decoder a backend uses: ``configured`` unless it is ``auto``.
+
+    ``auto``: an existing slot's plugin (a running installation keeps its decoder), else
+    pgoutput when the server allows it (the default), else wal2json; a server that allows
+    neither is a fatal error naming the ALTER SYSTEM line that fixes it.
+    """
+    if configured != "auto":
+        return configured
+    info = slot_info(conn, slot)
+    if info is not None:
+        if info["plugin"] in DECODERS:
+            return info["plugin"]
+        raise BackendError(
+            f'backend "{backend}": slot "{slot}" was created for the {info["plugin"]} plugin, '
+            f"which Lapidus cannot decode (it reads {' and '.join(DECODERS)}); use another slot "
+            f"name, or drop the slot with SELECT pg_drop_replication_slot('{slot}');",
+            fatal=True)
+    allowed = allowed_output_plugins(conn)
+    if getattr(conn, "server_version", 150000) < 100000:
+        return "wal2json"           # pgoutput came with PostgreSQL 10
+    if allowed is None or "pgoutput" in allowed:
+        return "pgoutput"
+    if "wal2json" in allowed:
+        return "wal2json"
+    raise BackendError(
+        f'backend "{backend}": this server allows neither pgoutput nor wal2json as output '
+        f"plugin (output_plugin_libraries = '{_plugin_setting(conn)}'); run ALTER SYSTEM SET "
+        f"output_plugin_libraries = {_plugin_list_sql(allowed, ())}; SELECT pg_reload_conf(); "
+        f"(the value is a list: each name quoted on its own)", fatal=True)
+
+
+def check_encoding(conn, backend: str, database: str) -> None:
+    """pgoutput sends text in the database's encoding, and the decoder reads it as UTF-8.
+
+    SQL_ASCII passes: it declares no encoding, and such databases usually hold UTF-8.
+    """
+    (encoding,) = _one(conn, "SHOW server_encoding")
+    if encoding not in ("UTF8", "SQL_ASCII"):
+        raise BackendError(
+            f'backend "{backend}": database "{database}" is encoded in {encoding}, and the '
+            f"pgoutput decoder reads text as UTF-8 (logical decoding sends text unconverted); "
+            f"stream a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8', then move the "
+            f"data)", fatal=True)
 
 
 def slot_info(conn, slot: str) -> Optional[dict]:

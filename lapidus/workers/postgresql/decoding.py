@@ -78,4 +78,5 @@ class Decoder(Protocol):
         ``data`` is an incomplete frame to be completed by the next read."""
 
     def decode(self, frame: bytes) -> Message:
-        """One frame to a message, or ``None`` for frames that produce no event."""
+        """One frame to a message, a list of them (pgoutput's TRUNCATE of several tables is
+        one frame and one event per table), or ``None`` for frames that produce no event."""

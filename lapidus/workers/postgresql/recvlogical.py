@@ -85,6 +85,7 @@ class RecvLogical:
         self.log_path = log_path
         self.application_name = application_name
         self.proc: Optional[subprocess.Popen] = None
+        self._log_start = 0
 
     def argv(self) -> List[str]:
         fsync = max(1, int(round(float(self.options.get("fsync_interval", 1.0)))))
@@ -103,6 +104,8 @@ class RecvLogical:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
+        # recent_errors() reads only what this process writes, not an earlier one's complaints
+        self._log_start = log.seek(0, os.SEEK_END)
         parent = os.getpid()
         try:
             self.proc = subprocess.Popen(
@@ -133,9 +136,8 @@ class RecvLogical:
         """The last lines pg_recvlogical wrote to its log, for error messages."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(self._log_start, size - limit))
                 return f.read().decode("utf-8", "replace").strip()
         except FileNotFoundError:
             return ""

@@ -19,8 +19,12 @@ from typing import Any, Deque, List, Optional
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from .catalog import Catalog, connect
-from .checks import check_server, drop_slot, ensure_slot, retained_wal
+from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
+                     retained_wal)
 from .fswatch import DirectoryWatch
+from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
+from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
+                           explain_child_error)
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
@@ -32,11 +36,28 @@ FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentic
                       "could not access file", "does not exist")
 
 
-def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict):
+def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict, *,
+                 publication: Optional[str] = None, server_version: int = 150000,
+                 relation_log=None, position=None, warn=None):
+    """The decoder for ``name`` (``pgoutput`` or ``wal2json``; ``auto`` is resolved before).
+
+    pgoutput also takes the publication, the server version (its ``messages`` option exists
+    from PostgreSQL 14 on), its durable relation log, where in the spool the frame being
+    decoded starts (``position()``), and a logger's ``warn``.
+    """
+    messages = options.get("messages", True)
     if name == "wal2json":
         from .wal2json import Wal2JsonDecoder
-        return Wal2JsonDecoder(catalog, table_filter, messages=options.get("messages", True))
-    raise BackendError(f"unknown PostgreSQL decoder {name!r} (expected wal2json)", fatal=True)
+        return Wal2JsonDecoder(catalog, table_filter, messages=messages, warn=warn)
+    if name == "pgoutput":
+        from .pgoutput import PgOutputDecoder
+        from .pgoutput_relations import CatalogRelations
+        return PgOutputDecoder(
+            catalog, table_filter, publication or "", messages=messages,
+            server_version=server_version, relations=CatalogRelations(catalog.conn),
+            log=relation_log, position=position, warn=warn)
+    raise BackendError(f"unknown PostgreSQL decoder {name!r} (expected pgoutput or wal2json)",
+                       fatal=True)
 
 
 class PostgresSource(Source):
@@ -58,6 +79,7 @@ class PostgresSource(Source):
         self.paused_for_cap = False
         self._last_cap_check = 0.0
         self._slot_checked = 0.0
+        self.publication: Optional[str] = None
         self._slot_cache: dict = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -66,16 +88,43 @@ class PostgresSource(Source):
         name = self.backend.name
         app = f"lapidus_{name}"
         self.catalog = Catalog(connect(self.options, name, app))
-        decoder_name = self.options.get("decoder", "wal2json")
+        conn = self.catalog.conn
         table_filter = TableFilter(self.backend.include_tables, self.backend.exclude_tables)
-        self.decoder = make_decoder(decoder_name, self.catalog, table_filter, self.options)
-        check_server(self.catalog.conn, name, self.decoder.plugin)
+        decoder_name = choose_decoder(conn, backend=name, slot=self.slot,
+                                      configured=self.options.get("decoder") or "auto")
+        check_server(conn, name, decoder_name)
+        checkpoint_path = str(Path(self.state_dir) / "checkpoint.json")
+        publication = self.options.get("publication") or f"lapidus_{name}".lower()
+        publication_created = False
+        if decoder_name == "pgoutput":
+            self.publication = publication
+            check_encoding(conn, name, self.options["database"])
+            # Before the slot: pgoutput cannot decode changes written before the publication.
+            publication_created = ensure_publication(
+                conn, backend=name, name=publication,
+                mode=self.options.get("publication_mode") or "all_tables",
+                table_filter=table_filter, user=self.options.get("user") or "")
+            if publication_created:
+                self.log.info("publication created", publication=publication,
+                              mode=self.options.get("publication_mode") or "all_tables")
         created = ensure_slot(
-            self.catalog.conn, backend=name, slot=self.slot, plugin=self.decoder.plugin,
+            conn, backend=name, slot=self.slot, plugin=decoder_name,
             database=self.options["database"], has_checkpoint=checkpoint is not None,
-            checkpoint_path=str(Path(self.state_dir) / "checkpoint.json"))
+            checkpoint_path=checkpoint_path)
         if created:
-            self.log.info("replication slot created", slot=self.slot, plugin=self.decoder.plugin)
+            self.log.info("replication slot created", slot=self.slot, plugin=decoder_name)
+        elif publication_created:
+            check_slot_sees_publication(conn, backend=name, slot=self.slot,
+                                        publication=publication)
+        relation_log = None
+        if decoder_name == "pgoutput":
+            resume = (checkpoint["segment"], checkpoint["offset"]) if checkpoint else None
+            relation_log = RelationLog(Path(self.state_dir) / RELATION_LOG, resume)
+        self.decoder = make_decoder(
+            decoder_name, self.catalog, table_filter, self.options, publication=publication,
+            server_version=conn.server_version, relation_log=relation_log,
+            position=lambda: (self.reader.segment, self.reader.offset),
+            warn=self.log.warning)
 
         start_segment = checkpoint["segment"] if checkpoint else None
         self.spool.prepare(first_segment=start_segment or 1)
@@ -105,14 +154,22 @@ class PostgresSource(Source):
             self.watch.close()
         if self.catalog:
             if self.options.get("temporary_slot"):
-                try:
-                    if drop_slot(self.catalog.conn, self.slot):
-                        self.log.info("temporary replication slot dropped", slot=self.slot)
-                except Exception as exc:  # the slot may still be marked active for a moment
-                    self.log.warning("could not drop temporary slot", slot=self.slot,
-                                     error=str(exc))
+                self._drop_temporary_objects()
             self.catalog.close()
             self.catalog = None
+
+    def _drop_temporary_objects(self) -> None:
+        """``temporary_slot``: leave nothing on the server, the publication Lapidus made included."""
+        try:
+            if drop_slot(self.catalog.conn, self.slot):
+                self.log.info("temporary replication slot dropped", slot=self.slot)
+            mode = self.options.get("publication_mode") or "all_tables"
+            if self.publication and mode != "existing" and \
+                    drop_publication(self.catalog.conn, self.publication):
+                self.log.info("publication dropped", publication=self.publication)
+        except Exception as exc:  # the slot may still be marked active for a moment
+            self.log.warning("could not drop the temporary slot", slot=self.slot,
+                             error=str(exc))
 
     # -- reading --------------------------------------------------------------------------
 
@@ -142,7 +199,12 @@ class PostgresSource(Source):
             frame = frames.popleft()
             message = decode(frame)
             if message is not None:
-                feed(message, events)
+                if message.__class__ is list:
+                    # pgoutput: one TRUNCATE of several tables is one frame, one event each
+                    for each in message:
+                        feed(each, events)
+                else:
+                    feed(message, events)
             reader.consumed(frame)
             consumed = True
         return consumed
@@ -220,10 +282,16 @@ class PostgresSource(Source):
         errors = self.child.recent_errors()
         last = errors.splitlines()[-1] if errors else ""
         self.child.proc = None
+        explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot)
+        if explained:
+            raise BackendError(explained, fatal=True)
         for marker in FATAL_CHILD_ERRORS:
-            if marker in errors[-1000:]:
+            if marker in errors:
+                reason = next((line for line in reversed(errors.splitlines())
+                               if marker in line), last)
                 raise BackendError(
-                    f'backend "{self.backend.name}": pg_recvlogical failed: {last}', fatal=True)
+                    f'backend "{self.backend.name}": pg_recvlogical failed: {reason.strip()}',
+                    fatal=True)
         delay = RESPAWN_BACKOFF[min(self.deaths, len(RESPAWN_BACKOFF) - 1)]
         self.deaths += 1
         self.next_spawn = time.monotonic() + delay

@@ -64,10 +64,12 @@ class Wal2JsonDecoder:
 
     plugin = "wal2json"
 
-    def __init__(self, catalog, table_filter, messages: bool = True):
+    def __init__(self, catalog, table_filter, messages: bool = True, warn=None):
         self.catalog = catalog      # converter(oid), columns_of(schema, table)
         self.table_filter = table_filter
         self.messages = messages
+        self.warn = warn or (lambda *args, **kwargs: None)
+        self._warned_invalid_utf8 = False
         self._json = msgspec.json.Decoder(Message, float_hook=str)
         # oid -> converter, or None where wal2json's value already is the JSON value
         self._converters: Dict[int, Optional[Callable]] = {}
@@ -86,7 +88,10 @@ class Wal2JsonDecoder:
         return data[:end].split(b"\n"), end + 1
 
     def decode(self, frame: bytes):
-        msg = self._json.decode(frame)
+        try:
+            msg = self._json.decode(frame)
+        except msgspec.DecodeError:
+            msg = self._json.decode(self._repair(frame))
         action = msg.action
         if action in ("I", "U", "D"):
             if not self.table_filter.allows(msg.schema, msg.table):
@@ -108,6 +113,17 @@ class Wal2JsonDecoder:
             return Change("message", prefix=msg.prefix, content=msg.content,
                           transactional=msg.transactional, lsn=parse_lsn(msg.lsn))
         return None
+
+    def _repair(self, frame: bytes) -> bytes:
+        """wal2json copies a logical message's bytes verbatim (``'\\xff00'`` arrives as a raw
+        0xFF, cut at the NUL), which is not UTF-8.  Such bytes become U+FFFD in the message's
+        content: a documented limit of wal2json; pgoutput keeps them (as ``\\x`` hex)."""
+        text = frame.decode("utf-8", "replace")
+        if not self._warned_invalid_utf8:
+            self._warned_invalid_utf8 = True
+            self.warn("wal2json sent bytes that are not UTF-8 (a binary logical message?); "
+                      "they are replaced by U+FFFD. The pgoutput decoder keeps them exactly.")
+        return text.encode("utf-8")
 
     # -- rows ---------------------------------------------------------------------------
 
