@@ -14,7 +14,9 @@ from .base import Sink
 GROUP = "lapidus.plugins"
 
 # Used when the package metadata is not installed (running from a source tree).
-BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink"}
+BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
+           "nats": "lapidus.sinks.nats:NatsSink",
+           "exec": "lapidus.sinks.exec:ExecSink"}
 
 
 def available() -> Dict[str, str]:

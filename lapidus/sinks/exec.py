@@ -1,0 +1,201 @@
+"""The exec sink: pipe every event, as one JSON line, into the standard input of a command.
+
+The original Lapidus's "piping line-delimited JSON to other processes".  Runs in the dispatcher
+process, inside its asyncio loop; one command per backend (``shared = False``), started when
+the backend's first batch comes, with ``LAPIDUS_BACKEND`` in its environment.
+
+Contract: :meth:`ExecSink.send` returns once the batch's lines are written into the pipe
+(asyncio's buffer drained to the kernel: the write buffer limit is 0, so ``drain()`` means
+everything was written).  When the command exits (or cannot be started) it is started again
+after a backoff (``restart_backoff`` seconds, doubling up to 30 s, reset once a run lasted
+10 s) and the batch that was not written is written again, whole, to the new process.  Known
+limit: lines already confirmed but still in the pipe buffer (at most 64 KiB) when the command
+dies are lost to it; a consumer that must not lose any should deduplicate by ``id`` and ask for
+replays from its own checkpoint (or use NATS JetStream).
+
+The command's standard error, and its standard output, go to Lapidus's log line by line with
+the backend name (standard output is the event stream of ``--stdout`` and must stay clean).
+On close, standard input is closed (end of input), then TERM, then KILL to its process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from typing import Any, List, Mapping, Optional, Sequence
+
+from .. import logs
+from ..events import Record
+from ..procutil import die_with_parent
+from ..settings import suggest
+from .base import Sink, SinkError
+
+OPTIONS = ("command", "restart_backoff")
+MAX_BACKOFF = 30.0
+STABLE_AFTER = 10.0       # a run this long resets the backoff
+STOP_GRACE = 5.0
+LINE_LIMIT = 1 << 20      # longer output lines are logged in pieces
+
+
+def argv_of(command: Any) -> List[str]:
+    """A list is the argv itself; a string runs through ``/bin/sh -c``."""
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+class ExecSink(Sink):
+    shared = False
+
+    def __init__(self, options: Mapping[str, Any], backend: str):
+        super().__init__(options, backend)
+        problems = self.validate(options)
+        if problems:
+            raise ValueError("invalid exec plugin options: " + "; ".join(
+                f"{k}: {m}" for k, m in problems))
+        self.argv = argv_of(self.options["command"])
+        self.initial_backoff = float(self.options.get("restart_backoff", 1.0))
+        self.log = logs.get_logger(backend=backend, sink="exec")
+        self.proc: Optional[asyncio.subprocess.Process] = None
+        self.started_at = 0.0
+        self.backoff = self.initial_backoff
+        self.next_start = 0.0
+        self.readers: List[asyncio.Task] = []
+
+    @classmethod
+    def validate(cls, options: Mapping[str, Any]) -> list:
+        problems = []
+        for key in options:
+            if key not in OPTIONS:
+                near = suggest(key, OPTIONS) if isinstance(key, str) else None
+                hint = f' (did you mean "{near}"?)' if near else f" (expected {', '.join(OPTIONS)})"
+                problems.append((key, f"unknown option for the exec plugin{hint}"))
+        command = options.get("command")
+        if command is None:
+            problems.append(("command", "missing: the command to run, as a list of arguments "
+                                        '(["/usr/local/bin/consume", "--flag"]) or a shell '
+                                        'command string ("consume | tee log")'))
+        elif isinstance(command, str):
+            if not command.strip():
+                problems.append(("command", "is empty"))
+        elif not (isinstance(command, list) and command
+                  and all(isinstance(a, str) for a in command)):
+            problems.append(("command", "expected a non-empty list of strings or a string"))
+        elif shutil.which(command[0]) is None:
+            problems.append(("command[0]", f'"{command[0]}" is not an executable file (nor found '
+                                           f"on PATH); give its full path"))
+        backoff = options.get("restart_backoff")
+        if backoff is not None and (isinstance(backoff, bool)
+                                    or not isinstance(backoff, (int, float)) or backoff <= 0):
+            problems.append(("restart_backoff", "expected a number of seconds greater than 0"))
+        return problems
+
+    # -- the process -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Nothing yet: the command starts with the first batch (see :meth:`send`)."""
+
+    async def _spawn(self) -> None:
+        wait = self.next_start - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        parent = os.getpid()
+        env = dict(os.environ, LAPIDUS_BACKEND=self.backend)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, limit=LINE_LIMIT,
+                start_new_session=True,
+                # The command dies with the dispatcher, even under kill -9.
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
+        except OSError as exc:
+            self._schedule_restart()
+            raise SinkError(f"exec: cannot start {self.argv[0]!r}: {exc.strerror or exc}; "
+                            f"check the command option (retrying)") from None
+        # Limit 0: drain() returns only when asyncio has handed everything to the kernel.
+        self.proc.stdin.transport.set_write_buffer_limits(high=0)
+        self.started_at = time.monotonic()
+        self.readers = [asyncio.create_task(self._log_lines(self.proc.stderr, "stderr")),
+                        asyncio.create_task(self._log_lines(self.proc.stdout, "stdout"))]
+        self.log.info("exec command started", pid=self.proc.pid, argv0=self.argv[0])
+
+    def _schedule_restart(self) -> None:
+        ran = time.monotonic() - self.started_at if self.started_at else 0.0
+        if ran >= STABLE_AFTER:
+            self.backoff = self.initial_backoff
+        self.next_start = time.monotonic() + self.backoff
+        self.backoff = min(max(MAX_BACKOFF, self.initial_backoff), self.backoff * 2)
+
+    async def _log_lines(self, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:
+                # Longer than LINE_LIMIT: take what is buffered as one piece.
+                line = await stream.read(LINE_LIMIT)
+            if not line:
+                return
+            self.log.info("exec output", stream=name,
+                          line=line.rstrip(b"\n").decode("utf-8", "replace"))
+
+    async def _reap(self, reason: str) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        # asyncio's wait() returns only once every pipe of the process is closed; a stdin whose
+        # reader died is not closed by itself, so without this wait() would hang.
+        try:
+            proc.stdin.close()
+        except (OSError, RuntimeError):
+            pass
+        try:
+            code = await asyncio.wait_for(proc.wait(), STOP_GRACE)
+        except asyncio.TimeoutError:
+            # stdin is broken but the process lingers: it cannot receive events any more.
+            self._kill_group(proc, signal.SIGKILL)
+            code = await proc.wait()
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        self._schedule_restart()
+        self.log.warning("exec command exited; restarting it and sending the unconfirmed "
+                         "batch again", reason=reason, exit_code=code,
+                         restart_in=round(max(0.0, self.next_start - time.monotonic()), 2))
+
+    @staticmethod
+    def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # -- the sink contract -------------------------------------------------------------------
+
+    async def send(self, records: Sequence[Record]) -> None:
+        data = b"\n".join([r.data for r in records]) + b"\n"
+        while True:
+            if self.proc is not None and self.proc.returncode is not None:
+                await self._reap("the command exited")
+            if self.proc is None:
+                await self._spawn()
+            try:
+                self.proc.stdin.write(data)
+                await self.proc.stdin.drain()
+                return
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                await self._reap(f"writing to its standard input failed: {exc}")
+
+    async def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), STOP_GRACE)
+        except (asyncio.TimeoutError, BrokenPipeError, ConnectionResetError):
+            self._kill_group(proc, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_GRACE)
+            except asyncio.TimeoutError:
+                self._kill_group(proc, signal.SIGKILL)
+                await proc.wait()
+        await asyncio.gather(*self.readers, return_exceptions=True)

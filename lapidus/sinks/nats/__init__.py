@@ -1,0 +1,86 @@
+"""The nats sink: every event as one NATS message on ``[prefix.]schema.table.key``.
+
+Runs in the dispatcher process, inside its asyncio loop; one instance, hence one connection,
+per backend (``shared = False``).  Contract (lapidus.sinks.base.Sink): :meth:`NatsSink.send`
+returns only when every record of the batch is confirmed, by the server's PONG on the same
+connection (core NATS, default) or by a JetStream ack per message (``jetstream = true``).
+While NATS is unreachable ``send`` waits (and logs every 30 s); it never drops a record.  Its
+memory is one batch plus at most ``max_pending_acks`` unacknowledged messages.
+
+Modules: ``options`` (validation, no nats-py import: ``lapidus -t`` works without it),
+``messages`` (records -> subjects, payloads, headers), ``connection``, ``core``,
+``jetstream``, ``stream``.  Options and subjects are documented in docs/sinks.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+
+from ... import logs
+from ...events import Record
+from ..base import Sink
+from .messages import MessageBuilder
+from .options import NatsOptions, validate
+
+if TYPE_CHECKING:      # nats-py is imported lazily: validation must work without it
+    from .connection import Connection
+    from .core import CorePublisher
+    from .jetstream import JetStreamPublisher
+
+
+class NatsSink(Sink):
+    shared = False
+
+    def __init__(self, options: Mapping[str, Any], backend: str):
+        super().__init__(options, backend)
+        self.settings = NatsOptions.parse(options)
+        self.log = logs.get_logger(backend=backend, sink="nats")
+        self.messages = MessageBuilder(backend, self.settings)
+        self.connection: Optional["Connection"] = None
+        self.publisher: Optional[Union["CorePublisher", "JetStreamPublisher"]] = None
+        self._prepared = False
+
+    @classmethod
+    def validate(cls, options: Mapping[str, Any]) -> list:
+        return validate(options)
+
+    async def start(self) -> None:
+        """Start connecting in the background; returns at once (NATS may be down)."""
+        # nats-py is imported here, not at module level, so validation works without it.
+        from .connection import Connection
+        from .core import CorePublisher
+        from .jetstream import JetStreamPublisher
+
+        s = self.settings
+        self.connection = Connection(s, self.backend, self.log)
+        if s.jetstream:
+            self.publisher = JetStreamPublisher(self.connection, self.backend,
+                                                s.max_pending_acks, s.ack_timeout,
+                                                s.flush_timeout, s.stream, self.log)
+        else:
+            self.publisher = CorePublisher(self.connection, s.flush_timeout, self.log)
+        self.connection.start()
+
+    async def _prepare(self) -> None:
+        """Once connected: create the stream if asked, subscribe to the ack inbox."""
+        from .stream import ensure_stream
+
+        await self.connection.wait_ready()
+        if self.settings.jetstream:
+            await ensure_stream(self.connection.nc, self.settings, self.log)
+        await self.publisher.start()
+        self._prepared = True
+
+    async def send(self, records: Sequence[Record]) -> None:
+        if self.connection is None:
+            await self.start()
+        if not self._prepared:
+            await self._prepare()
+        await self.publisher.publish(self.messages.build(records))
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+
+__all__ = ("NatsSink", "NatsOptions", "validate")

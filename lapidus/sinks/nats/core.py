@@ -1,0 +1,104 @@
+"""Core NATS delivery: publish a batch, then PING/PONG; confirmed when the PONG comes back.
+
+Runs in the dispatcher process, inside its asyncio loop.  A PONG proves the server has
+processed every message written before the PING *on that connection*, which is all core NATS
+promises (delivery to the subscribers present at that moment).  So a batch counts only when
+the PONG came over the connection the batch started on (:meth:`Connection.intact`); if the
+connection dropped on the way the whole batch is published again, in order, once reconnected.
+Subscribers may then see the head of a batch twice (same ``Nats-Msg-Id``), never out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+import nats
+
+from ..base import SinkError
+from .connection import Connection, ConnectionLost
+from .messages import Message
+from .wire import Wire
+
+# nats-py only buffers in publish(); its flusher task writes to the socket when the loop runs.
+# Yielding every so many messages lets the server work on the head of a batch while the tail
+# is still being published (and acks come back meanwhile), instead of one batch-long burst.
+YIELD_EVERY = 128
+
+
+async def first_of(work: "asyncio.Future[Any]", lost: "asyncio.Future[None]",
+                   timeout: float | None = None) -> bool:
+    """Wait for ``work`` unless the connection is lost first (ConnectionLost) or ``timeout``
+    passes (returns False).  True once ``work`` is done; its exception is not raised here."""
+    done, _ = await asyncio.wait((work, lost), timeout=timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        return True
+    if lost in done:
+        raise ConnectionLost()
+    return False
+
+
+class CorePublisher:
+    def __init__(self, connection: Connection, flush_timeout: float, log: Any):
+        self.connection = connection
+        self.flush_timeout = flush_timeout
+        self.log = log
+
+    async def start(self) -> None:
+        self.wire = Wire(self.connection.nc)
+
+    async def publish(self, messages: Sequence[Message]) -> None:
+        """Return once the server has processed every message; resend after a reconnect."""
+        while True:
+            await self.connection.wait_ready(held=len(messages))
+            try:
+                await self._publish_once(messages)
+                return
+            except ConnectionLost:
+                self.log.info("nats connection lost during a batch; it will be sent again",
+                              messages=len(messages))
+
+    async def _publish_once(self, messages: Sequence[Message]) -> None:
+        conn = self.connection
+        nc = conn.nc
+        session = conn.session()
+        publish = self.wire.publish
+        message = None
+        try:
+            for index, message in enumerate(messages):
+                # Publishing while reconnecting would go to nats-py's buffer, which the
+                # connection drops (see Connection._drop_unsent): stop and resend instead.
+                if not nc.is_connected:
+                    raise ConnectionLost()
+                await publish(message.subject, "", message.header, message.payload)
+                if index % YIELD_EVERY == YIELD_EVERY - 1:
+                    await asyncio.sleep(0)
+            flush = asyncio.ensure_future(nc.flush(timeout=self.flush_timeout))
+            try:
+                await first_of(flush, session.lost)
+            finally:
+                if not flush.done():
+                    flush.cancel()
+            flush.result()
+        except nats.errors.FlushTimeoutError:
+            if not conn.intact(session):
+                raise ConnectionLost() from None
+            raise SinkError(f"NATS did not answer a flush within {self.flush_timeout:g} s "
+                            f"(server {conn._server()}); the batch will be sent again. If the "
+                            f"server is overloaded, raise flush_timeout") from None
+        except nats.errors.MaxPayloadError:
+            raise too_large(message, nc) from None
+        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+            raise ConnectionLost() from None
+        if not conn.intact(session):
+            raise ConnectionLost()
+
+
+def too_large(message: Message, nc: Any) -> SinkError:
+    """The error for an event the server refuses for its size (it would never pass)."""
+    size = len(message.payload) + len(message.header)
+    return SinkError(f"event {message.msg_id} on subject \"{message.subject}\" is {size} "
+                     f"bytes, more than the NATS "
+                     f"server's max_payload ({nc.max_payload} bytes); raise max_payload in the "
+                     f"server configuration (or set publish_event_data = false)")

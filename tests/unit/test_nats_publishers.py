@@ -1,0 +1,342 @@
+"""Core and JetStream publishers against a fake nats-py client: confirmation, window, resends.
+
+The fake has only nats-py's public API, so these tests also cover Wire's fallback path; the
+fast path runs against the real server in tests/integration/test_nats_sink.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from lapidus.events import Record
+from lapidus.sinks.base import SinkError
+from lapidus.sinks.nats.connection import Connection
+from lapidus.sinks.nats.core import CorePublisher
+from lapidus.sinks.nats.jetstream import JetStreamPublisher
+from lapidus.sinks.nats.messages import MessageBuilder
+from lapidus.sinks.nats.options import NatsOptions
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def _add(self, level, event, **fields):
+        self.lines.append((level, event, fields))
+
+    def info(self, event, **fields):
+        self._add("info", event, **fields)
+
+    def warning(self, event, **fields):
+        self._add("warning", event, **fields)
+
+
+class FakeNats:
+    """nats-py's public surface, recording publishes; ``ack`` decides each JetStream answer."""
+
+    def __init__(self):
+        self.is_connected = True
+        self.is_closed = False
+        self.connected_url = None
+        self.stats = {"reconnects": 0}
+        self.max_payload = 1 << 20
+        self.published = []
+        self.flushes = 0
+        self.flush_hangs = False
+        self.ack_cb = None
+        self.ack = lambda subject, headers, attempt: b'{"stream":"S","seq":1}'
+        self.attempts = {}
+        self.max_outstanding = 0
+        self.outstanding = 0
+
+    def new_inbox(self):
+        return "_INBOX.test"
+
+    async def subscribe(self, subject, cb=None, pending_msgs_limit=0):
+        assert subject == "_INBOX.test.*"
+        self.ack_cb = cb
+
+    async def publish(self, subject, payload=b"", reply="", headers=None):
+        assert self.is_connected, "published while disconnected"
+        self.published.append((subject, payload, reply, headers))
+        if reply:
+            msg_id = headers["Nats-Msg-Id"]
+            attempt = self.attempts[msg_id] = self.attempts.get(msg_id, 0) + 1
+            answer = self.ack(subject, headers, attempt)
+            if answer is not None:
+                self.outstanding += 1
+                self.max_outstanding = max(self.max_outstanding, self.outstanding)
+                asyncio.ensure_future(self._answer(reply, answer))
+
+    async def _answer(self, reply, answer):
+        await asyncio.sleep(0)
+        self.outstanding -= 1
+        data, status = answer if isinstance(answer, tuple) else (answer, None)
+        await self.ack_cb(SimpleNamespace(subject=reply, data=data,
+                                          headers={"Status": status} if status else None))
+
+    async def flush(self, timeout=10):
+        self.flushes += 1
+        if self.flush_hangs:
+            await asyncio.sleep(3600)
+
+
+def records(n, start=0):
+    return [Record(f"pg:0/1:{i}", "insert", "public", "t", (str(i),), "0/1", b"{}")
+            for i in range(start, start + n)]
+
+
+async def setup(**options):
+    settings = NatsOptions.parse(options)
+    log = Log()
+    conn = Connection(settings, "shop", log)
+    conn.nc = FakeNats()
+    conn._came_up("nats connected")
+    messages = MessageBuilder("shop", settings)
+    if settings.jetstream:
+        publisher = JetStreamPublisher(conn, "shop", settings.max_pending_acks,
+                                       settings.ack_timeout, settings.flush_timeout, None, log)
+    else:
+        publisher = CorePublisher(conn, settings.flush_timeout, log)
+    await publisher.start()
+    return conn, publisher, messages, log
+
+
+async def drop_and_restore(conn, down_for=0.01):
+    conn.nc.is_connected = False
+    await conn._on_disconnected()
+    await asyncio.sleep(down_for)
+    conn.nc.stats["reconnects"] += 1
+    conn.nc.is_connected = True
+    conn.nc.flush_hangs = False
+    await conn._on_reconnected()
+
+
+def subjects(nc):
+    return [p[0] for p in nc.published]
+
+
+# -- core -------------------------------------------------------------------------------------
+
+def test_core_publishes_in_order_then_flushes():
+    async def run():
+        conn, publisher, messages, _ = await setup()
+        await publisher.publish(messages.build(records(300)))
+        assert subjects(conn.nc) == [f"public.t.{i}" for i in range(300)]
+        assert conn.nc.published[0][3]["Nats-Msg-Id"] == "pg:0/1:0"
+        assert conn.nc.flushes == 1
+    asyncio.run(run())
+
+
+def test_core_batch_is_resent_whole_after_a_reconnect_during_the_flush():
+    async def run():
+        conn, publisher, messages, log = await setup()
+        conn.nc.flush_hangs = True
+        task = asyncio.ensure_future(publisher.publish(messages.build(records(5))))
+        while conn.nc.flushes == 0:
+            await asyncio.sleep(0.001)
+        assert not task.done()
+        await drop_and_restore(conn)
+        await asyncio.wait_for(task, 2)
+        expected = [f"public.t.{i}" for i in range(5)]
+        assert subjects(conn.nc) == expected + expected
+        assert any("lost during a batch" in line[1] for line in log.lines)
+    asyncio.run(run())
+
+
+def test_core_waits_while_disconnected_and_publishes_nothing_meanwhile():
+    async def run():
+        conn, publisher, messages, _ = await setup()
+        conn.nc.is_connected = False
+        await conn._on_disconnected()
+        task = asyncio.ensure_future(publisher.publish(messages.build(records(3))))
+        await asyncio.sleep(0.05)
+        assert not task.done() and conn.nc.published == []
+        conn.nc.stats["reconnects"] += 1
+        conn.nc.is_connected = True
+        await conn._on_reconnected()
+        await asyncio.wait_for(task, 2)
+        assert subjects(conn.nc) == ["public.t.0", "public.t.1", "public.t.2"]
+    asyncio.run(run())
+
+
+def test_core_flush_answered_by_a_new_connection_does_not_confirm():
+    async def run():
+        conn, publisher, messages, _ = await setup()
+        original_flush = conn.nc.flush
+
+        async def flush_after_silent_reconnect(timeout=10):
+            # the reconnect counter moved before the disconnect callback ran
+            if conn.nc.flushes == 0:
+                conn.nc.stats["reconnects"] += 1
+            await original_flush(timeout)
+
+        conn.nc.flush = flush_after_silent_reconnect
+        await publisher.publish(messages.build(records(2)))
+        assert subjects(conn.nc) == ["public.t.0", "public.t.1"] * 2
+    asyncio.run(run())
+
+
+# -- JetStream --------------------------------------------------------------------------------
+
+def test_jetstream_confirms_when_every_ack_arrived():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True)
+        await publisher.publish(messages.build(records(1000)))
+        replies = [p[2] for p in conn.nc.published]
+        assert len(set(replies)) == 1000 and all(r.startswith("_INBOX.test.") for r in replies)
+        assert publisher._waiting == {}
+    asyncio.run(run())
+
+
+def test_jetstream_window_bounds_unacknowledged_messages():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True, max_pending_acks=3)
+        await publisher.publish(messages.build(records(50)))
+        assert conn.nc.max_outstanding <= 3
+        assert subjects(conn.nc) == [f"public.t.{i}" for i in range(50)]
+    asyncio.run(run())
+
+
+def test_jetstream_duplicate_ack_counts_as_stored():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True)
+        conn.nc.ack = lambda s, h, a: b'{"stream":"S","seq":1,"duplicate":true}'
+        await publisher.publish(messages.build(records(3)))
+    asyncio.run(run())
+
+
+def test_jetstream_missing_ack_resends_the_same_message_id():
+    async def run():
+        conn, publisher, messages, log = await setup(jetstream=True, ack_timeout=0.05)
+        # the first ack of event 1 is lost; the resend is acknowledged
+        conn.nc.ack = lambda s, h, attempt: (None if h["Nats-Msg-Id"] == "pg:0/1:1"
+                                             and attempt == 1 else b'{"stream":"S","seq":1}')
+        await asyncio.wait_for(publisher.publish(messages.build(records(3))), 2)
+        ids = [p[3]["Nats-Msg-Id"] for p in conn.nc.published]
+        assert ids == ["pg:0/1:0", "pg:0/1:1", "pg:0/1:2", "pg:0/1:1"]
+        assert any("acks missing" in line[1] for line in log.lines)
+    asyncio.run(run())
+
+
+def test_jetstream_gives_up_after_repeated_silence_with_a_clear_error():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True, ack_timeout=0.02)
+        conn.nc.ack = lambda s, h, a: None
+        with pytest.raises(SinkError, match="acknowledged nothing"):
+            await asyncio.wait_for(publisher.publish(messages.build(records(2))), 2)
+        assert publisher._waiting == {}
+    asyncio.run(run())
+
+
+def test_jetstream_no_responders_names_the_subject_and_the_fix():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True)
+        conn.nc.ack = lambda s, h, a: (b"", "503")
+        with pytest.raises(SinkError) as info:
+            await publisher.publish(messages.build(records(1)))
+        text = str(info.value)
+        assert 'no stream captures subject "public.t.0"' in text and "stream" in text
+        assert "jetstream = false" in text
+    asyncio.run(run())
+
+
+def test_jetstream_error_ack_is_reported():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True)
+        conn.nc.ack = lambda s, h, a: (b'{"error":{"code":503,"err_code":10077,'
+                                       b'"description":"maximum messages exceeded"}}')
+        with pytest.raises(SinkError, match="maximum messages exceeded"):
+            await publisher.publish(messages.build(records(1)))
+    asyncio.run(run())
+
+
+def test_jetstream_resends_only_unacknowledged_in_order_after_a_reconnect():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True, ack_timeout=5)
+        # events 0-2 are acknowledged; 3-5 reach a dying connection and get no ack
+        conn.nc.ack = lambda s, h, a: (b'{"stream":"S","seq":1}'
+                                       if int(h["Nats-Msg-Id"].rsplit(":", 1)[1]) < 3 or a > 1
+                                       else None)
+        task = asyncio.ensure_future(publisher.publish(messages.build(records(6))))
+        while len(conn.nc.published) < 6:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        assert not task.done()
+        await drop_and_restore(conn)
+        await asyncio.wait_for(task, 2)
+        ids = [int(p[3]["Nats-Msg-Id"].rsplit(":", 1)[1]) for p in conn.nc.published]
+        assert ids == [0, 1, 2, 3, 4, 5, 3, 4, 5]
+    asyncio.run(run())
+
+
+def test_jetstream_cache_messages_are_plain_and_confirmed_by_a_flush():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True, cache_prefix="c.")
+        await publisher.publish(messages.build(records(2)))
+        assert [(p[0], bool(p[2])) for p in conn.nc.published] == [
+            ("public.t.0", True), ("c.populate.public.t.0", False),
+            ("public.t.1", True), ("c.populate.public.t.1", False)]
+        assert conn.nc.flushes == 1
+    asyncio.run(run())
+
+
+def test_core_flush_timeout_on_a_live_connection_is_an_error_naming_the_fix():
+    import nats.errors
+
+    async def run():
+        conn, publisher, messages, _ = await setup(flush_timeout=0.01)
+
+        async def no_pong(timeout=10):
+            raise nats.errors.FlushTimeoutError
+
+        conn.nc.flush = no_pong
+        with pytest.raises(SinkError, match="raise flush_timeout"):
+            await publisher.publish(messages.build(records(1)))
+    asyncio.run(run())
+
+
+# -- the connection ---------------------------------------------------------------------------
+
+def test_disconnect_drops_what_nats_py_buffered_but_had_not_written():
+    async def run():
+        conn = Connection(NatsOptions.parse({}), "shop", Log())
+        conn.nc._pending = [b"HPUB a 1 1\r\nx\r\n"]
+        conn.nc._pending_data_size = 14
+        session = conn.session()
+        await conn._on_disconnected()
+        assert conn.nc._pending == [] and conn.nc._pending_data_size == 0
+        assert session.lost.done() and not conn.intact(session)
+    asyncio.run(run())
+
+
+def test_connect_arguments_reconnect_forever_and_name_the_backend():
+    async def run():
+        conn = Connection(NatsOptions.parse({"servers": ["nats://a:1", "nats://b:2"],
+                                             "user": "u", "password": "pw"}), "shop", Log())
+        args = conn.connect_arguments()
+        assert args["max_reconnect_attempts"] == -1 and args["allow_reconnect"] is True
+        assert args["name"] == "lapidus:shop"
+        assert args["servers"] == ["nats://a:1", "nats://b:2"]
+        assert (args["user"], args["password"]) == ("u", "pw") and "tls" not in args
+    asyncio.run(run())
+
+
+def test_logged_state_changes_carry_no_credentials():
+    async def run():
+        log = Log()
+        conn = Connection(NatsOptions.parse({"server": "nats://u:s3cr3tpw@h:4222"}), "shop", log)
+        conn.nc = FakeNats()
+        conn._came_up("nats connected")
+        await conn._on_disconnected()
+        await conn._on_error(OSError("connection refused"))
+        await conn._on_reconnected()
+        assert [line[1] for line in log.lines] == [
+            "nats connected", "nats disconnected; reconnecting", "nats connection error",
+            "nats reconnected"]
+        assert "s3cr3tpw" not in repr(log.lines)
+        assert log.lines[1][2]["server"] == "nats://h:4222"
+    asyncio.run(run())
