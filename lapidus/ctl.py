@@ -36,7 +36,67 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("stop", "start"):
         cmd = sub.add_parser(name, help=f"{name} one backend")
         cmd.add_argument("backend")
+    slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
+    slots.add_argument("--json", action="store_true", help="machine-readable output")
+    drop = sub.add_parser("drop-slot", help="drop an abandoned replication slot")
+    drop.add_argument("slot")
+    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     return parser
+
+
+def human_bytes(value) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return str(value)
+
+
+def slots_command(args) -> int:
+    """``slots`` and ``drop-slot`` talk to the databases, not to the supervisor."""
+    from .config import ConfigError, load_config
+    from .slots import drop_slot, list_slots
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"lapidusctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "slots":
+            rows = list_slots(config)
+            if args.json:
+                print(json.dumps(rows, indent=2))
+                return EXIT_OK
+            table = [("slot", "backend", "server", "active", "wal_status", "retained WAL")]
+            for r in rows:
+                table.append((r["slot"], r["backend"] or "(abandoned)", r["server"],
+                              "yes" if r["active"] else "no", str(r["wal_status"]),
+                              human_bytes(r["retained_wal_bytes"])))
+            widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+            for row in table:
+                print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+            return EXIT_OK
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("lapidusctl: drop-slot asks for confirmation; give --yes to run it "
+                      "without a terminal", file=sys.stderr)
+                return EXIT_USAGE
+            answer = input(f'Drop replication slot "{args.slot}"? Changes it still holds for '
+                           f"its consumer are lost. [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not dropped")
+                return EXIT_REFUSED
+        server = drop_slot(config, args.slot)
+        print(f'dropped slot "{args.slot}" on {server}')
+        return EXIT_OK
+    except (LookupError, RuntimeError) as exc:
+        print(f"lapidusctl: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as exc:  # connection problems: say which and why, no traceback
+        print(f"lapidusctl: {type(exc).__name__}: {str(exc).strip()}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 def socket_path(args) -> str:
@@ -82,6 +142,8 @@ def format_status(status: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("slots", "drop-slot"):
+        return slots_command(args)
     try:
         path = socket_path(args)
     except Exception as exc:  # ConfigError and friends: say it plainly

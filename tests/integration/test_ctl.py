@@ -114,3 +114,29 @@ def test_invalid_config_on_sighup_keeps_the_running_one(lapidus_factory, pg_db):
     proc.proc.send_signal(signal.SIGHUP)
     proc.wait_log("reload refused")
     assert status(path)["pg"]["pid"] == pid
+
+
+def test_slots_lists_ours_and_drop_slot_removes_an_abandoned_one(lapidus_factory, pg_db):
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}})
+    path = proc.config_path
+    wait_until(lambda: running(path, "pg"), 30)
+    abandoned = f"lapidus_{pg_db.name}_old"
+    pg_db.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", args=(abandoned,))
+
+    code, out, err = ctl(path, "slots", "--json")
+    assert code == 0, err
+    rows = {r["slot"]: r for r in json.loads(out)}
+    ours = rows[f"{pg_db.name}_pg"]
+    assert (ours["backend"], ours["active"], ours["abandoned"]) == ("pg", True, False)
+    assert ours["retained_wal_bytes"] >= 0
+    assert rows[abandoned]["abandoned"] is True
+
+    code, _, err = ctl(path, "drop-slot", f"{pg_db.name}_pg", "--yes")
+    assert code == 1 and "in use" in err           # an active slot is never dropped
+    code, _, err = ctl(path, "drop-slot", abandoned)
+    assert code == 2 and "--yes" in err             # no terminal: no silent drop
+    code, out, err = ctl(path, "drop-slot", abandoned, "--yes")
+    assert code == 0, err
+    assert pg_db.slot(abandoned) is None
+    code, _, err = ctl(path, "drop-slot", "lapidus_no_such_slot", "--yes")
+    assert code == 1 and "no Lapidus slot" in err
