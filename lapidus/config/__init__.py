@@ -1,0 +1,48 @@
+"""Configuration: load, validate and normalise lapidus.toml / lapidus.json.
+
+Runs in the supervisor before fork (and in ``lapidus -t`` and ``lapidusctl``); workers receive
+the resulting frozen :class:`BackendConfig` and never read the file themselves.
+
+Contract:
+
+* :func:`load_config` / :func:`parse_config` either return a complete :class:`Config` (every
+  default applied, ``${VAR}`` expanded, original Lapidus aliases mapped to snake_case) or raise
+  :class:`ConfigError` listing *every* problem found, each as ``key.path: reason (fix)``.
+* Error messages never contain a secret value (passwords, tokens, URI passwords).
+* What each setting means, its type and default live in :mod:`lapidus.settings`; this package
+  only walks the file and applies those declarations.
+
+The package only re-exports; each module has one job:
+
+* :mod:`.model`: the frozen result, :class:`Config` and :class:`BackendConfig`.
+* :mod:`.errors`: :class:`ConfigError`.
+* :mod:`.load`: finding and loading the file; the control socket for ``lapidusctl``.
+* :mod:`.files`: TOML / JSON reading and syntax errors.
+* :mod:`.validate`: :func:`parse_config` and the validator, made of :mod:`.variables`
+  (``${VAR}``), :mod:`.tables`, :mod:`.plugins`, :mod:`.backends` and :mod:`.problems`.
+* :mod:`.secrets`: masking and scrubbing secrets.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import ConfigError
+from .files import read_file
+from .load import DEFAULT_FILES, control_socket_for, load_config
+from .model import BackendConfig, Config, ControlConfig, HttpConfig, LogConfig, SupervisorConfig
+from .plugins import PluginValidator
+from .secrets import mask_secrets, mask_uri
+from .validate import parse_config
+
+__all__ = [
+    "BackendConfig", "Config", "ConfigError", "ControlConfig", "DEFAULT_FILES", "HttpConfig",
+    "LogConfig", "PluginValidator", "SupervisorConfig", "control_socket_for", "load_config",
+    "mask_secrets", "mask_uri", "parse_config", "read_file",
+]
+
+
+def _running_as_root() -> bool:
+    # Lives here, not in validate.py, and the validator looks it up here at each use, so that
+    # patching lapidus.config._running_as_root takes effect.
+    return os.geteuid() == 0

@@ -1,0 +1,107 @@
+"""The validator: :func:`parse_config` walks one parsed configuration, collecting every problem
+instead of stopping at the first, and builds the :class:`Config`.
+
+Its parts live in sibling modules: ``${VAR}`` expansion (:mod:`.variables`), tables against
+their declarations (:mod:`.tables`), plugin tables (:mod:`.plugins`), backends
+(:mod:`.backends`), naming and ordering problems (:mod:`.problems`).  This module checks the
+top level and its sections and assembles the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, List, Mapping, Optional
+
+from .. import settings as S
+from .backends import _BackendReader
+from .errors import ConfigError
+from .model import Config, ControlConfig, HttpConfig, LogConfig, SupervisorConfig
+from .plugins import PluginValidator
+from .problems import _document_order
+from .secrets import _collect_secrets, _scrub
+from .tables import _Table
+from .variables import _Expander
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<memory>",
+                 env: Optional[Mapping[str, str]] = None,
+                 plugin_validators: Optional[Mapping[str, PluginValidator]] = None) -> Config:
+    """Validate an already parsed configuration (what the file holds) and build a Config.
+
+    ``source`` is the file path: relative paths are resolved against its directory (a label
+    like ``"<memory>"`` resolves them against the current directory).  ``plugin_validators``
+    checks each plugin's options; when given, plugin names it does not list are errors.
+    Raises :class:`ConfigError` with every problem found.
+    """
+    return _Validator(source, env, plugin_validators).run(data)
+
+
+class _Validator(_BackendReader, _Expander):
+    """Walks one configuration, collecting problems instead of stopping at the first."""
+
+    def __init__(self, source: str, env: Optional[Mapping[str, str]],
+                 plugin_validators: Optional[Mapping[str, PluginValidator]]):
+        # The package's function, looked up at each call: tests play root (or not) by
+        # patching lapidus.config._running_as_root.
+        from . import _running_as_root
+
+        self.source = source
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.plugin_validators = plugin_validators
+        self.problems: List[str] = []
+        self.ctx = S.Context(env=self.env, is_root=_running_as_root(),
+                             base_dir=Path(source).expanduser().parent.absolute())
+
+    # -- entry point ---------------------------------------------------------------------
+
+    def run(self, data: Mapping[str, Any]) -> Config:
+        if not isinstance(data, Mapping):
+            raise ConfigError([f"{self.source}: expected a table at the top level, "
+                               f"got {S.describe(data)}"], self.source)
+        secrets = _collect_secrets(data)
+        data = self.expand(data, "")
+        secrets |= _collect_secrets(data)
+
+        top = self.read_table(data, S.TOP_LEVEL, "")
+        self.fill_derived(top, S.TOP_LEVEL, self.ctx)
+        state_dir = Path(top.values["state_dir"] or self.ctx.base_dir)
+        log = self.read_section(top, "log", S.LOG)
+        control = self.read_section(top, "control", S.CONTROL,
+                                    dataclasses.replace(self.ctx, state_dir=state_dir))
+        http = self.read_section(top, "http", S.HTTP) if top.values["http"] is not None else None
+        supervisor = self.read_section(top, "supervisor", S.SUPERVISOR)
+        self.check_socket(control)
+        self.check_supervisor(supervisor)
+        plugins = self.read_plugins(top.values["plugins"], "plugins") or {}
+        backends = self.read_backends(top)
+
+        if self.problems:
+            ordered = _document_order(self.problems, data)
+            raise ConfigError([_scrub(p, secrets) for p in ordered], self.source)
+        return Config(
+            source=self.source,
+            state_dir=state_dir,
+            log=LogConfig(**log.values),
+            control=ControlConfig(socket=Path(control.values["socket"])),
+            http=HttpConfig(**http.values) if http is not None else None,
+            backends=backends,
+            plugins=plugins,
+            supervisor=SupervisorConfig(**supervisor.values),
+        )
+
+    def check_socket(self, control: _Table) -> None:
+        socket = control.values.get("socket")
+        # sun_path is 108 bytes including the terminating NUL.
+        if socket and len(os.fsencode(socket)) > 107:
+            how = ("choose a shorter path" if "socket" in control.written
+                   else "set control.socket to a shorter path (the default lies in state_dir)")
+            self.problem("control.socket", f"the path is {len(os.fsencode(socket))} bytes "
+                                           f"long, a Unix socket path allows 107; {how}")
+
+    def check_supervisor(self, supervisor: _Table) -> None:
+        low, high = supervisor.values.get("backoff_initial"), supervisor.values.get("backoff_max")
+        if low is not None and high is not None and high < low:
+            self.problem("supervisor.backoff_max",
+                         f"must be at least backoff_initial ({low:g}), got {high:g}")
