@@ -31,9 +31,11 @@ from .connection import (
 )
 from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
 from .reader import BinlogReader, StreamEnded
+from .retention import binlog_files, expire_seconds, retention_warning, server_position
 from .scope import scope_from
 from .settings import settings_from
 
+RETENTION_CHECK_EVERY = 60.0
 CHECKPOINT_FILE = "checkpoint.json"      # lapidus.checkpoint.CheckpointStore's default name
 _JSON_CHECK = re.compile(r"^json_valid\(`((?:[^`]|``)+)`\)$", re.I)
 
@@ -89,6 +91,8 @@ class MysqlSource(Source):
         self._changes: Optional[ChangeStream] = None
         self._flavor: Optional[str] = None
         self._last_commit: Any = None
+        self._retention_checked = 0.0
+        self._retention_cache: Dict[str, Any] = {}
 
     # ------------------------------------------------------------------ open
 
@@ -311,7 +315,33 @@ class MysqlSource(Source):
             out["read_position"] = self._changes.position
         if self._reader is not None:
             out["binlog"] = f"{self._reader.log_file}:{self._reader.log_pos}"
+        out.update(self._retention())
         return out
+
+    def _retention(self) -> dict:
+        """Binlog expiry against the checkpoint, checked once a minute (see retention.py)."""
+        now = time.monotonic()
+        if self._conn is None or now - self._retention_checked < RETENTION_CHECK_EVERY:
+            return self._retention_cache
+        self._retention_checked = now
+        checkpoint = self._last_commit if isinstance(self._last_commit, dict) else {}
+        try:
+            cur = self._conn.cursor()
+            expire = expire_seconds(cur)
+            files = binlog_files(cur)
+            server_gtid = server_position(cur, self._flavor == MARIADB)
+        except pymysql.MySQLError as exc:   # status must never stop the stream
+            self.log.warning("could not check binlog retention", error=str(exc))
+            return self._retention_cache
+        warning = retention_warning(
+            checkpoint_file=checkpoint.get("file"), checkpoint_gtid=checkpoint.get("gtid"),
+            files=files, expire=expire, server_gtid=server_gtid)
+        if warning:
+            self.log.warning(warning, binlog=checkpoint.get("file"), expire_seconds=expire)
+        self._retention_cache = {"binlog_expire_seconds": expire,
+                                 "oldest_binlog": files[0] if files else None,
+                                 "retention_warning": warning}
+        return self._retention_cache
 
     def close(self) -> None:
         reader, self._reader = self._reader, None
