@@ -69,6 +69,11 @@ class Source(abc.ABC):
 
         Sources use it to release resources (PostgreSQL deletes spool segments)."""
 
+    def tick(self) -> None:
+        """Called about every 0.2 s while the worker waits for the sinks (backpressure) instead
+        of reading: keep child processes and local limits in hand (PostgreSQL supervises
+        pg_recvlogical and pauses it when the spool is full)."""
+
     def status(self) -> dict:
         """Extra fields for ``lapidusctl status`` (lag, source position ...)."""
         return {}

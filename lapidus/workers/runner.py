@@ -115,6 +115,7 @@ class WorkerLoop:
             self._take_acks(link, 0.0)
             if len(self.inflight) >= self.max_inflight:
                 self._take_acks(link, 0.2)     # backpressure: the sinks are behind
+                source.tick()
             else:
                 batch = source.read(self.batch_size, 0.2)
                 if batch.checkpoint is not None:

@@ -110,6 +110,29 @@ def test_rotate_repoints_active_to_the_next_segment(spool):
     assert spool.segments() == [1, 2]
 
 
+def test_rotate_creates_the_next_segment_only_when_asked(spool):
+    """While pg_recvlogical runs, the new file must come from it (only then is the old one
+    final); a paused pg_recvlogical cannot, so rotate(create=True) makes it."""
+    write_active(spool, b"a\n")
+    spool.rotate()
+    assert spool.segments() == [1]
+    spool.rotate(create=True)
+    assert spool.segments() == [1, 3]
+    assert spool.path(3).read_bytes() == b""
+
+
+def test_reader_leaves_a_fully_read_segment_once_the_next_is_created(spool):
+    write_active(spool, b"a\nb\n")
+    reader = SpoolReader(spool, 1, 0)
+    frames = reader.read_frames(LineDecoder())
+    for frame in frames:
+        reader.consumed(frame)
+    spool.rotate(create=True)
+    assert reader.read_frames(LineDecoder()) == []
+    assert reader.segment == 2 and reader.offset == 0
+    assert spool.delete_before(reader.segment) == 1
+
+
 def test_rotate_leaves_no_temporary_link_behind(spool):
     spool.rotate()
     spool.rotate()

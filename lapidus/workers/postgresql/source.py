@@ -215,6 +215,11 @@ class PostgresSource(Source):
         state["offset"] = self.reader.offset
         return state
 
+    def tick(self) -> None:
+        """While the sinks hold us back: the child still needs watching, and the spool cap
+        must still pause it (otherwise a down sink lets the spool grow without bound)."""
+        self._supervise_child()
+
     def commit(self, checkpoint: Any) -> None:
         self.spool.delete_before(checkpoint["segment"])
 
@@ -320,9 +325,12 @@ class PostgresSource(Source):
             size = self.spool.path(self.spool.active_segment()).stat().st_size
         except FileNotFoundError:
             size = 0
-        if size >= limit and self.child.running():
-            self.spool.rotate()
-            self.child.reopen_output()
+        if size >= limit:
+            # Also while pg_recvlogical is paused: a full segment must be able to go once read.
+            running = self.child.running()
+            self.spool.rotate(create=not running)
+            if running:
+                self.child.reopen_output()
         if self.child.running():
             self.deaths = 0 if time.monotonic() - self.next_spawn > 30 else self.deaths
         cap = int(self.options.get("spool_max_bytes", 1 << 30))

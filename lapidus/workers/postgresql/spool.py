@@ -60,9 +60,16 @@ class Spool:
         if not self.active_link.is_symlink() or self.active_segment() != newest:
             self._point_active_at(newest)
 
-    def rotate(self) -> int:
-        """Point ``active`` at a new segment; the caller then sends SIGHUP to pg_recvlogical."""
+    def rotate(self, create: bool = False) -> int:
+        """Point ``active`` at the next segment; the caller then sends SIGHUP to pg_recvlogical,
+        which creates the file when it reopens ``active``.  Only then is the old segment final,
+        which is why the file is not created here while pg_recvlogical runs.  ``create=True``
+        is for a stopped pg_recvlogical (spool full): the new file makes the reader move past the
+        old segment, so that it can be deleted once delivered."""
         number = self.active_segment() + 1
+        if create:
+            with open(self.path(number), "ab"):
+                pass
         self._point_active_at(number)
         return number
 
