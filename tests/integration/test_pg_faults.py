@@ -8,6 +8,7 @@ import signal
 import threading
 
 import psutil
+import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, pg_connect
@@ -52,10 +53,11 @@ def delivered_rows(proc) -> int:
     return len({e["pk"]["id"] for e in proc.events()})
 
 
+@pytest.mark.parametrize("decoder", ["pgoutput", "wal2json"])
 def test_kill_worker_then_pg_recvlogical_then_supervisor_mid_load_loses_nothing(
-        lapidus_factory, pg_db, tmp_path):
+        decoder, lapidus_factory, pg_db, tmp_path):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    config = {"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}},
+    config = {"backends": [pg_backend(pg_db, decoder=decoder)], "plugins": {"stdout": {}},
               "supervisor": {"backoff_initial": 0.1, "max_restarts": 20}}
     proc = lapidus_factory(dict(config))
     proc.wait_log('"streaming"')

@@ -1,9 +1,8 @@
-"""Faults mid-load through both decoders, and pgoutput's relation messages across restarts.
+"""pgoutput's relation messages across restarts (the kill test for both decoders is in
+tests/integration/test_pg_faults.py).
 
-The first test is tests/integration/test_pg_faults.py's kill test, parametrized by decoder and
-built from that file's helpers.  The others pin down what only pgoutput has: a change refers to
-its table by OID, described once per session by a relation message that a restarted worker may
-resume after, and which DDL replaces.
+A change refers to its table by OID, described once per replication connection by a relation
+message that a restarted worker may resume after, and which DDL replaces.
 """
 
 from __future__ import annotations
@@ -12,82 +11,11 @@ import json
 import os
 import signal
 
-import psutil
-import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend
-from tests.integration.test_pg_faults import (
-    ROWS, assert_complete_without_conflicting_repeats, load_rows)
 
 CATALOG_FALLBACK = "relation described from the current catalog"
-
-
-def complete_events(proc) -> list:
-    """The events on Lapidus's stdout so far, parsing complete lines only: the shared
-    LapidusProcess.events() fails on a line the sink is still writing, which a poll can meet."""
-    if not proc.stdout_path.exists():
-        return []
-    data = proc.stdout_path.read_bytes()
-    return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines() if line]
-
-
-def delivered_rows(proc) -> int:
-    """test_pg_faults.delivered_rows, polling-safe (see complete_events)."""
-    return len({event["pk"]["id"] for event in complete_events(proc)})
-
-
-def wait_events(proc, count: int, timeout: float = 30.0) -> list:
-    return wait_until(lambda: (lambda ev: ev if len(ev) >= count else None)(
-        complete_events(proc)), timeout, message=f"{count} events; log:\n{proc.log()[-3000:]}")
-
-
-@pytest.mark.parametrize("decoder", ["pgoutput", "wal2json"])
-def test_kill_worker_then_pg_recvlogical_then_supervisor_mid_load_loses_nothing(
-        decoder, lapidus_factory, pg_db, tmp_path):
-    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    config = {"backends": [pg_backend(pg_db, decoder=decoder)], "plugins": {"stdout": {}},
-              "supervisor": {"backoff_initial": 0.1, "max_restarts": 20}}
-    proc = lapidus_factory(dict(config))
-    proc.wait_log('"streaming"')
-    loader = load_rows(pg_db.name)
-
-    # 1. kill -9 the worker
-    wait_until(lambda: delivered_rows(proc) > 5_000, 60, message="5k rows before killing")
-    os.kill(proc.worker_pid("pg"), signal.SIGKILL)
-    wait_until(lambda: proc.log().count('"streaming"') >= 2, 30, message="worker restarted")
-
-    # 2. kill -9 its pg_recvlogical
-    wait_until(lambda: delivered_rows(proc) > 15_000, 60, message="15k rows")
-    killed = proc.recvlogical_pid()
-    os.kill(killed, signal.SIGKILL)
-    wait_until(lambda: "pg_recvlogical exited; restarting" in proc.log(), 30)
-
-    # 3. kill -9 the supervisor: its children must go by themselves, and free the slot.
-    # pgoutput drains fast enough that the load may be delivered before the respawned
-    # pg_recvlogical is up: wait for it, so there is a child to leave behind.
-    wait_until(lambda: delivered_rows(proc) > 25_000, 60, message="25k rows")
-    wait_until(lambda: any(c.pid != killed and c.name() == "pg_recvlogical"
-                           and c.status() != psutil.STATUS_ZOMBIE for c in proc.children()),
-               30, message="pg_recvlogical respawned")
-    children = proc.children()
-    assert any(c.name() == "pg_recvlogical" for c in children)
-    proc.kill()
-    gone, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive, f"left behind after kill -9 of the supervisor: {alive}"
-    wait_until(lambda: not pg_db.slot(f"{pg_db.name}_pg")[0], 10, message="slot released")
-
-    # restart on the same state and output file; finish the load
-    again = lapidus_factory(dict(config))
-    loader.join(120)
-    assert not loader.is_alive()
-    wait_until(lambda: delivered_rows(again) >= ROWS, 120,
-               message=f"all {ROWS} rows (have {delivered_rows(again)})")
-    assert_complete_without_conflicting_repeats(complete_events(again), ROWS)
-    log = proc.log() + again.log()
-    assert "Traceback" not in log
-    # resumed spool reads found their tables in the relation log, not in today's catalog
-    assert CATALOG_FALLBACK not in log
 
 
 def current_lsn(db) -> int:
@@ -129,7 +57,7 @@ def test_worker_resuming_after_the_relation_message_decodes_with_the_one_in_forc
     pg_db.sql("INSERT INTO t VALUES (1, 'a')")                          # relation message 1
     pg_db.sql("ALTER TABLE t ADD COLUMN w int DEFAULT 7")
     pg_db.sql("INSERT INTO t VALUES (2, 'b')")                          # relation message 2
-    wait_checkpoint_past(tmp_path / "state", wait_events(proc, 2)[1]["position"])
+    wait_checkpoint_past(tmp_path / "state", proc.wait_events(2)[1]["position"])
 
     # The worker stops reading; its pg_recvlogical keeps spooling in the same session, so the
     # next change to t comes without a relation message.
@@ -145,7 +73,7 @@ def test_worker_resuming_after_the_relation_message_decodes_with_the_one_in_forc
         os.kill(worker, signal.SIGKILL)
     wait_until(lambda: proc.log().count('"streaming"') >= 2, 30, message="worker restarted")
     pg_db.sql("INSERT INTO t VALUES (4, 'd')")                          # relation message 3
-    events = wait_events(proc, 4)
+    events = proc.wait_events(4)
     assert [e["item"] for e in events] == [
         {"id": 1, "v": "a"},
         {"id": 2, "v": "b", "w": 7},
@@ -179,7 +107,7 @@ def test_relation_messages_survive_deleted_spool_segments(lapidus_factory, pg_db
         pg_db.sql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(%s, %s) g",
                   args=(rows + 1, rows + 100))
         rows += 100
-        wait_checkpoint_past(tmp_path / "state", wait_events(proc, rows)[-1]["position"])
+        wait_checkpoint_past(tmp_path / "state", proc.wait_events(rows)[-1]["position"])
 
     worker = proc.worker_pid("pg")
     os.kill(worker, signal.SIGSTOP)
@@ -189,7 +117,7 @@ def test_relation_messages_survive_deleted_spool_segments(lapidus_factory, pg_db
         wait_until(lambda: spooled(pg_db, slot, lsn), 20, message="row 50000 in the spool")
     finally:
         os.kill(worker, signal.SIGKILL)
-    events = wait_events(proc, rows + 1, timeout=60)
+    events = proc.wait_events(rows + 1, timeout=60)
     assert events[-1]["item"] == {"id": 50_000, "v": "after"}
     assert CATALOG_FALLBACK not in proc.log()
     assert "Traceback" not in proc.log()
