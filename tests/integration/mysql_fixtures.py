@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
@@ -21,6 +22,8 @@ from typing import Any, Callable, Dict, List, Tuple
 import pymysql
 import pytest
 import structlog
+
+from bench.chaos.servers import ensure_mariadb, mariadb_process_gone
 
 from lapidus.config import BackendConfig
 from lapidus.events import Event
@@ -256,7 +259,6 @@ def without_marker(events: List[Event], marker_table: str = "marker") -> List[Ev
 # --------------------------------------------------------------------------------------------
 # The real ``lapidus`` process with a mysql backend (tests/integration/test_mysql_supervised.py)
 
-import subprocess  # noqa: E402  (this section's own import; the file grows by appending)
 
 MARIADB_BIN = "/usr/sbin/mariadbd"
 
@@ -287,9 +289,9 @@ def server_answers() -> bool:
 
 
 def server_process_gone() -> bool:
-    """No ``mariadbd`` process left (how scripts/setup-local tells a finished shutdown)."""
-    return subprocess.run(["start-stop-daemon", "--status", "--exec", MARIADB_BIN],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0
+    """The shared server has exited; judged by its pid file, because other ``mariadbd``
+    processes may run on the machine (see bench.chaos.servers.mariadb_process_gone)."""
+    return mariadb_process_gone()
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -313,12 +315,7 @@ def begin_server_shutdown() -> subprocess.Popen:
 def start_server(timeout: float = 60.0) -> None:
     """Start ``mariadbd`` as scripts/setup-local does and wait until it answers; nothing to
     do when it already answers.  Call it in a ``finally`` after any shutdown."""
-    if server_answers():
-        return
-    if server_process_gone():
-        subprocess.run(["start-stop-daemon", "--start", "--oknodo", "--background",
-                        "--exec", MARIADB_BIN], check=True)
-    _wait(server_answers, timeout, f"MariaDB at {HOST}:{PORT} to answer after start")
+    ensure_mariadb(timeout)
 
 
 def restart_server(shutdown: "subprocess.Popen | None" = None, timeout: float = 60.0) -> None:

@@ -217,9 +217,11 @@ class BinlogReader(BinLogStreamReader):
             if kind == BINLOG.ROTATE_EVENT:
                 self.log_pos = event.position
                 self.log_file = event.next_binlog
-                # Table ids are reused after a server restart, which always starts a new file.
-                if wrapped.timestamp != 0:
-                    self.table_map = {}
+                # Table ids are reused after a server restart, which starts a new file behind a
+                # STOP event and a *fake* Rotate (timestamp 0): forget the map on every Rotate.
+                # Each transaction repeats its own Table_map events, so nothing is lost; keeping
+                # the old map would decode another table's rows as ours.
+                self.table_map = {}
             elif wrapped.log_pos:
                 self.log_pos = wrapped.log_pos
             if kind == BINLOG.FORMAT_DESCRIPTION_EVENT and event is not None:

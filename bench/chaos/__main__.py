@@ -1,0 +1,87 @@
+"""``python -m bench.chaos``: the long chaos run (see docs/chaos.md).
+
+    .venv/bin/python -m bench.chaos --minutes 10 --seed 1
+    .venv/bin/python -m bench.chaos --minutes 3 --faults kill_worker_pg,cut_nats --settle
+
+Exit status 0 when nothing was lost, reordered or duplicated and Lapidus recovered from every
+fault; 1 otherwise (the report says what, the work directory is kept); 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .faults import CI_KINDS, KINDS
+from .run import ChaosOptions, format_result, run_chaos
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="how long the load and the faults run (default 10)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the load and the faults")
+    parser.add_argument("--rate", type=float, default=60.0,
+                        help="transactions per second per backend (default 60)")
+    parser.add_argument("--interval", type=float, default=4.0,
+                        help="mean seconds between two faults (default 4)")
+    parser.add_argument("--faults", default=",".join(KINDS),
+                        help=f"comma-separated fault kinds (default: all): {', '.join(KINDS)}")
+    parser.add_argument("--no-pg-restart", action="store_true",
+                        help="leave out pg_restart (it cuts every session on the shared "
+                             "PostgreSQL, other people's tests included)")
+    parser.add_argument("--per-kind", type=int, default=None,
+                        help="stop after this many faults of each kind (the run lasts at "
+                             "least --minutes)")
+    parser.add_argument("--settle", action="store_true",
+                        help="after each fault wait until the stream caught up (measures "
+                             "recovery; faults then never overlap a recovery)")
+    parser.add_argument("--recovery-timeout", type=float, default=120.0,
+                        help="with --settle: seconds to catch up after a fault (default 120)")
+    parser.add_argument("--nats", choices=("private", "shared"), default="private",
+                        help="a private nats-server of the run (default) or the shared one "
+                             "on 127.0.0.1:4222")
+    parser.add_argument("--duplicate-window", type=float, default=300.0,
+                        help="seconds of JetStream duplicate detection (default 300)")
+    parser.add_argument("--no-bystander", action="store_true",
+                        help="no writer in another MariaDB database during the run")
+    parser.add_argument("--final-timeout", type=float, default=300.0,
+                        help="seconds to wait after the load for the fences (default 300)")
+    parser.add_argument("--workdir", help="directory for config, logs, ledger and report "
+                                          "(default: a new temporary directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON too")
+    args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)} "
+                     f"(CI uses {', '.join(CI_KINDS)})")
+    if args.no_pg_restart:
+        kinds = [k for k in kinds if k != "pg_restart"]
+    return args, ChaosOptions(
+        seconds=args.minutes * 60, seed=args.seed, rate=args.rate, kinds=kinds,
+        per_kind=args.per_kind, interval=args.interval, settle=args.settle, nats=args.nats,
+        duplicate_window=args.duplicate_window, workdir=args.workdir, keep=args.keep,
+        bystander=not args.no_bystander, final_timeout=args.final_timeout,
+        recovery_timeout=args.recovery_timeout)
+
+
+def main(argv=None) -> int:
+    args, options = parse(argv)
+
+    def log(line: str) -> None:
+        print(time.strftime("%H:%M:%S ") + line, flush=True)
+
+    run = run_chaos(options, log)
+    print(format_result(run.result, run.report), flush=True)
+    if args.json:
+        print(json.dumps(run.result, indent=2))
+    return 0 if run.result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

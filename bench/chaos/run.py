@@ -1,0 +1,383 @@
+"""One chaos run: set up, load + faults, fence, check, report, clean up.
+
+Set-up: a PostgreSQL database and a MariaDB database (``lapidus_chaos_<hex>``), a JetStream
+stream ``CHAOS_<HEX>`` capturing ``chaos<hex>.>`` with a duplicate window of a few minutes, TCP
+proxies to PostgreSQL, MariaDB and NATS, and ``lapidus`` with both backends and the nats plugin
+in JetStream mode (its connections all go through the proxies).
+
+Clean-up (always, in ``finally``): Lapidus stopped, every server running again, proxies closed,
+slot, databases and stream dropped, a private nats-server stopped.  The work directory (config,
+Lapidus log, ledger, report) is kept when the run failed or ``keep`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import nats
+
+from . import checker, load, servers
+from .faults import CI_KINDS, KINDS, FaultInjector
+from .lapidus import LapidusProcess
+from .proxy import TcpProxy
+from .waiting import ChaosTimeout, wait_for
+
+
+@dataclass
+class ChaosOptions:
+    seconds: float = 600.0              # how long the load runs (per_kind: at least this long)
+    seed: int = 1
+    rate: float = 60.0                  # transactions per second per backend
+    kinds: List[str] = field(default_factory=lambda: list(KINDS))
+    per_kind: Optional[int] = None      # stop after this many faults of each kind
+    interval: float = 4.0               # mean seconds between faults
+    settle: bool = False                # wait for the stream to catch up after each fault
+    recovery_timeout: float = 120.0
+    final_timeout: float = 300.0        # for the fences after the load
+    duplicate_window: float = 300.0     # seconds, of the stream the harness creates
+    nats: str = "private"               # private nats-server of the run, or the shared one
+    workdir: Optional[str] = None
+    keep: bool = False
+    big_tx_share: float = 0.03
+    bystander: bool = True              # a MariaDB writer in another database (see load.py)
+
+
+class ChaosRun:
+    PG_BACKEND = "pg"
+    MYSQL_BACKEND = "maria"
+    backend_names = [PG_BACKEND, MYSQL_BACKEND]
+
+    def __init__(self, options: ChaosOptions, log: Callable[[str], None] = print):
+        self.options = options
+        self.log = log
+        token = uuid.uuid4().hex[:8]
+        self.name = f"lapidus_chaos_{token}"
+        self.stream = f"CHAOS_{token.upper()}"
+        self.prefix = f"chaos{token}"
+        self.workdir = Path(options.workdir or tempfile.mkdtemp(prefix="lapidus-chaos-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ledger = load.Ledger(self.workdir / "ledger.jsonl")
+        self.findings: List[str] = []
+        self.proxies: Dict[str, TcpProxy] = {}
+        self.nats_server: Optional[servers.NatsServer] = None
+        self.lapidus: Optional[LapidusProcess] = None
+        self.loads: List[load.TableLoad] = []
+        self.injector: Optional[FaultInjector] = None
+        self.bystander: Optional[load.Bystander] = None
+        self._created = set()
+        self.report: Optional[checker.CheckReport] = None
+        self.result: dict = {}
+
+    @property
+    def bystander_db(self) -> str:
+        return f"{self.name}_bystander"
+
+    @property
+    def slot(self) -> str:
+        return f"{self.name}_{self.PG_BACKEND}"
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        opts = self.options
+        self.nats_server = (servers.NatsServer.private(self.workdir) if opts.nats == "private"
+                            else servers.NatsServer.shared())
+        self._created.add("nats")
+        self.nats_server.ensure()
+        self._create_stream()
+        self._created.add("stream")
+        self._created.add("pg")
+        load.create_pg_database(self.name)
+        self._created.add("mysql")
+        load.create_mysql_database(self.name)
+        if opts.bystander:
+            self._created.add("bystander")
+            load.create_mysql_database(self.bystander_db, fence=False)
+        self.proxies = {
+            "postgresql": TcpProxy("postgresql", servers.PG_PORT).start(),
+            "mysql": TcpProxy("mysql", servers.MYSQL_PORT).start(),
+            "nats": TcpProxy("nats", self.nats_server.port).start(),
+        }
+        self.lapidus = LapidusProcess(self._config(), self.workdir)
+        self.lapidus.start()
+        self.lapidus.wait_streaming(self.backend_names)
+
+    def _config(self) -> dict:
+        server_id = 200_000_000 + (os.getpid() % 1_000_000) * 10 + int(time.time()) % 10
+        return {
+            "state_dir": str(self.workdir / "state"),
+            "log": {"format": "json", "level": "info"},
+            "supervisor": {"backoff_initial": 0.1, "backoff_max": 2.0, "max_restarts": 10_000,
+                           "restart_window": 60},
+            "backends": [
+                {"name": self.PG_BACKEND, "type": "postgresql", "host": servers.HOST,
+                 "port": self.proxies["postgresql"].port, "user": servers.PG_USER,
+                 "database": self.name, "slot": self.slot, "connect_timeout": 2},
+                {"name": self.MYSQL_BACKEND, "type": "mysql", "host": servers.HOST,
+                 "port": self.proxies["mysql"].port, "user": servers.MYSQL_USER,
+                 "password": "", "database": self.name, "server_id": server_id,
+                 "connect_retry_seconds": 120, "heartbeat_seconds": 1, "connect_timeout": 2},
+            ],
+            "plugins": {"nats": {
+                "servers": [f"nats://{servers.HOST}:{self.proxies['nats'].port}"],
+                "jetstream": True, "subject_prefix": self.prefix,
+                "reconnect_time_wait": 0.25, "connect_timeout": 1, "ack_timeout": 2}},
+        }
+
+    def _create_stream(self) -> None:
+        async def create():
+            nc = await nats.connect(self.nats_server.url)
+            try:
+                await nc.jetstream().add_stream(
+                    name=self.stream, subjects=[f"{self.prefix}.>"],
+                    duplicate_window=self.options.duplicate_window)
+            finally:
+                await nc.close()
+        asyncio.run(create())
+
+    def _delete_stream(self) -> None:
+        async def delete():
+            nc = await nats.connect(self.nats_server.url)
+            try:
+                await nc.jetstream().delete_stream(self.stream)
+            except nats.js.errors.NotFoundError:
+                pass
+            finally:
+                await nc.close()
+        asyncio.run(delete())
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def subject_of(self, backend: str, table: str, key: int) -> str:
+        schema = "public" if backend == self.PG_BACKEND else self.name
+        return f"{self.prefix}.{schema}.{table}.{key}"
+
+    def _stored(self, backend: str, change: load.Change) -> bool:
+        data = checker.last_on_subject(self.nats_server.url, self.stream,
+                                       self.subject_of(backend, load.TABLE, change.key))
+        if not data:
+            return False
+        event = json.loads(data)
+        if event["type"] == "delete":
+            return True
+        return event["item"]["version"] >= change.version
+
+    def wait_caught_up(self, timeout: float) -> None:
+        """The stream holds the newest change each backend had committed when called."""
+        targets = {name: self.ledger.last(name) for name in self.backend_names}
+        for name, change in targets.items():
+            if change is not None:
+                wait_for(lambda: self._stored(name, change), timeout,
+                         f"backend {name}: {change.type} of key {change.key} v{change.version} "
+                         f"in the stream", interval=0.2)
+
+    def _wait_fences(self, timeout: float) -> None:
+        fence_id = int(time.time())
+        load.write_fence("postgresql", self.name, fence_id)
+        load.write_fence("mysql", self.name, fence_id)
+        for backend in self.backend_names:
+            subject = self.subject_of(backend, load.FENCE_TABLE, fence_id)
+            wait_for(lambda: checker.last_on_subject(self.nats_server.url, self.stream,
+                                                     subject) is not None,
+                     timeout, f"the fence of backend {backend} in the stream", interval=0.2)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def execute(self) -> dict:
+        opts = self.options
+        started = time.monotonic()
+        self.loads = [
+            load.PgLoad(self.PG_BACKEND, self.name, self.ledger, opts.seed * 1000 + 1,
+                        opts.rate, big_tx_share=opts.big_tx_share),
+            load.MariaLoad(self.MYSQL_BACKEND, self.name, self.ledger, opts.seed * 1000 + 2,
+                           opts.rate, big_tx_share=opts.big_tx_share),
+        ]
+        self.injector = FaultInjector(self, opts.kinds, opts.seed, opts.interval,
+                                      per_kind=opts.per_kind, settle=opts.settle,
+                                      recovery_timeout=opts.recovery_timeout, log=self.log)
+        if opts.bystander:
+            self.bystander = load.Bystander(self.bystander_db, opts.seed * 1000 + 3,
+                                            opts.rate / 2)
+            self.bystander.start()
+        for thread in self.loads:
+            thread.start()
+        self.injector.start()
+        try:
+            deadline = started + opts.seconds
+            # per_kind: the faults end the run; each of them is bounded, and so is the whole
+            give_up = deadline + len(opts.kinds) * (opts.per_kind or 0) * (
+                opts.recovery_timeout + 120)
+            while True:
+                now = time.monotonic()
+                if self.injector.failure is not None \
+                        or any(t.failure is not None for t in self.loads):
+                    break
+                if opts.per_kind is None:
+                    if now >= deadline:
+                        break
+                elif not self.injector.is_alive() and now >= deadline:
+                    break
+                elif now > give_up:
+                    self.findings.append("the faults did not finish in time")
+                    break
+                time.sleep(0.2)     # polling the threads' state, not a correctness wait
+        finally:
+            self.injector.stop()
+            self.injector.join(300)
+            for thread in self.loads:
+                thread.stop()
+            for thread in self.loads:
+                thread.join(300)
+            if self.bystander is not None:
+                self.bystander.stop()
+                self.bystander.join(60)
+        load_seconds = time.monotonic() - started
+        for thread in self.loads:
+            if thread.failure is not None:
+                self.findings.append(f"load {thread.backend} failed: {thread.failure!r}")
+        if self.injector.failure is not None:
+            self.findings.append(f"fault injector failed: {self.injector.failure!r}")
+        for record in self.injector.records:
+            if record.error:
+                self.findings.append(f"{record.kind} at {record.at:.1f}s: {record.error}")
+
+        # everything back up, then the fences: after them nothing can be missing
+        self._restore_all()
+        if not self.lapidus.alive():
+            self.findings.append(f"lapidus was not running after the load "
+                                 f"(exit {self.lapidus.proc.returncode}); started again")
+            self.lapidus.start()
+        drained_from = time.monotonic()
+        try:
+            self._wait_fences(opts.final_timeout)
+        except ChaosTimeout as exc:
+            self.findings.append(f"fences not delivered: {exc}")
+        drain_seconds = time.monotonic() - drained_from
+
+        messages = checker.read_stream(self.nats_server.url, self.stream, f"{self.prefix}.>")
+        self.report = checker.check(messages, self.ledger.snapshot())
+        log_records = self.lapidus.records()
+        self.result = {
+            "seed": opts.seed, "load_seconds": round(load_seconds, 1),
+            "drain_seconds": round(drain_seconds, 1),
+            "faults": self.injector.summary(),
+            "fault_count": len(self.injector.records),
+            "fault_log": [asdict(r) for r in self.injector.records],
+            "load": {t.backend: t.stats.as_dict() for t in self.loads},
+            "bystander_writes": self.bystander.writes if self.bystander is not None else None,
+            "lapidus_starts": self.lapidus.starts,
+            "lapidus_log": {
+                "tracebacks": self.lapidus.log_text().count("Traceback"),
+                "fatal": sum(1 for r in log_records if "FATAL" in str(r.get("event", ""))),
+                "worker_restarts": sum(1 for r in log_records
+                                       if r.get("event") == "exited; restarting after backoff"),
+                "dispatcher_restarts": sum(1 for r in log_records
+                                           if r.get("event") == "dispatcher died; restarting it"),
+            },
+            "check": self.report.as_dict(),
+            "findings": list(self.findings),
+            "ok": self.report.ok and not self.findings,
+            "workdir": str(self.workdir),
+            "keep": opts.keep,
+        }
+        (self.workdir / "report.json").write_text(json.dumps(self.result, indent=2))
+        return self.result
+
+    def _restore_all(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.restore()
+        self.nats_server.ensure()
+        servers.ensure_mariadb()
+        servers.ensure_postgresql()
+
+    # -- clean-up ------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        errors = []
+
+        def attempt(what, action):
+            try:
+                action()
+            except Exception as exc:
+                errors.append(f"{what}: {exc!r}")
+        if self.injector is not None:
+            self.injector.stop()
+        for thread in self.loads + [self.bystander]:
+            if thread is not None:
+                thread.stop()
+        if self.lapidus is not None:
+            attempt("stop lapidus", self.lapidus.stop)
+        attempt("mariadb", servers.ensure_mariadb)
+        attempt("postgresql", servers.ensure_postgresql)
+        for proxy in self.proxies.values():
+            attempt(f"proxy {proxy.name}", proxy.close)
+        if "pg" in self._created:
+            attempt("drop the PostgreSQL database and slot",
+                    lambda: load.drop_pg_database(self.name, self.slot))
+        if "mysql" in self._created:
+            attempt("drop the MariaDB database", lambda: load.drop_mysql_database(self.name))
+        if "bystander" in self._created:
+            attempt("drop the bystander database",
+                    lambda: load.drop_mysql_database(self.bystander_db))
+        if "nats" in self._created:
+            attempt("nats", self.nats_server.ensure)
+            if "stream" in self._created:
+                attempt("delete the stream", self._delete_stream)
+            attempt("stop nats", self.nats_server.shutdown)
+        self.ledger.close()
+        if errors:
+            self.log("clean-up problems: " + "; ".join(errors))
+        ok = self.result.get("ok", False)
+        if ok and not self.options.keep and not errors:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def format_result(result: dict, report: Optional[checker.CheckReport]) -> str:
+    lines = [f"chaos run, seed {result['seed']}: load {result['load_seconds']} s, "
+             f"drain after the load {result['drain_seconds']} s, "
+             f"lapidus started {result['lapidus_starts']} times"]
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(result["faults"].items()))
+    lines.append(f"faults injected: {result['fault_count']} ({faults})")
+    for backend, stats in result["load"].items():
+        lines.append(f"load {backend}: {stats['transactions']} transactions committed, "
+                     f"{stats['resolved_committed']} committed with the answer lost, "
+                     f"{stats['resolved_rolled_back']} not committed, {stats['reconnects']} "
+                     f"connections, errors {stats['errors']}")
+    if result.get("bystander_writes") is not None:
+        lines.append(f"bystander (MariaDB, another database): {result['bystander_writes']} "
+                     f"transactions")
+    logs = result["lapidus_log"]
+    lines.append(f"lapidus log: {logs['worker_restarts']} worker restarts, "
+                 f"{logs['dispatcher_restarts']} dispatcher restarts, {logs['fatal']} FATAL, "
+                 f"{logs['tracebacks']} tracebacks")
+    if report is not None:
+        lines.append(checker.format_report(report))
+    for finding in result["findings"]:
+        lines.append(f"FINDING: {finding}")
+    kept = not result["ok"] or result.get("keep")
+    lines.append(("OK" if result["ok"] else "FAILED") + f" (work directory {result['workdir']}"
+                 + (")" if kept else ", removed)"))
+    return "\n".join(lines)
+
+
+def run_chaos(options: ChaosOptions, log: Callable[[str], None] = print) -> ChaosRun:
+    """Set up, run, check and clean up; ``.result`` and ``.report`` hold the outcome."""
+    run = ChaosRun(options, log)
+    try:
+        run.setup()
+        run.execute()
+    finally:
+        run.teardown()
+    return run
+
+
+__all__ = ["ChaosOptions", "ChaosRun", "run_chaos", "format_result", "KINDS", "CI_KINDS"]
