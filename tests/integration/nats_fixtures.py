@@ -28,7 +28,12 @@ from tests.conftest import wait_until
 
 URL = "nats://127.0.0.1:4222"
 NATS_SERVER = "/usr/sbin/nats-server"
-START_COMMAND = ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
+# The machine's command, plus a pid file of its own: with only --exec, start-stop-daemon takes
+# any other nats-server on the machine (a benchmark's private one) for this one and starts
+# nothing.
+PID_FILE = "/run/lapidus-test-nats-4222.pid"
+START_COMMAND = ["start-stop-daemon", "--start", "--oknodo", "--background",
+                 "--pidfile", PID_FILE, "--make-pidfile", "--exec",
                  NATS_SERVER, "--", "-a", "127.0.0.1", "-p", "4222", "-js", "-sd",
                  "/var/lib/nats-server", "-l", "/var/log/nats-server.log"]
 
