@@ -188,9 +188,13 @@ class PostgresSource(Source):
 
     def _consume(self, events: List, max_events: int) -> bool:
         """Decode frames into ``events``; True when at least one frame was consumed."""
-        consumed = False
         frames, reader, decode, feed = self.frames, self.reader, self.decoder.decode, \
             self.assembler.feed
+        # Moving on to the next segment counts as progress even without a frame: the new
+        # checkpoint is what lets the finished segment be deleted (and a paused
+        # pg_recvlogical resume once the spool is below its cap).
+        segment_before = reader.segment
+        consumed = False
         while len(events) < max_events:
             if not frames:
                 frames.extend(reader.read_frames(self.decoder))
@@ -207,7 +211,7 @@ class PostgresSource(Source):
                     feed(message, events)
             reader.consumed(frame)
             consumed = True
-        return consumed
+        return consumed or reader.segment != segment_before
 
     def _checkpoint(self) -> dict:
         state = self.assembler.state()
@@ -321,14 +325,26 @@ class PostgresSource(Source):
 
     def _rotate_and_cap(self) -> None:
         limit = int(self.options.get("spool_segment_bytes", 64 << 20))
+        running = self.child.running()
+        # Only a pg_recvlogical we paused ourselves (stopped cleanly, last message whole) lets
+        # us create segment files; a dead one may have left a half-written frame, which
+        # _repair_tail must cut in the newest segment before anything moves on.
+        paused = self.paused_for_cap and not running
+        active = self.spool.path(self.spool.active_segment())
+        if paused and not active.exists():
+            # Rotated just before pg_recvlogical was paused: it never created the new segment,
+            # and the reader waits for it to leave the old one.  Nobody writes now: create it.
+            self._repair_tail()
+            active.touch(mode=0o600)
         try:
-            size = self.spool.path(self.spool.active_segment()).stat().st_size
+            size = active.stat().st_size
         except FileNotFoundError:
             size = 0
-        if size >= limit:
-            # Also while pg_recvlogical is paused: a full segment must be able to go once read.
-            running = self.child.running()
-            self.spool.rotate(create=not running)
+        if size >= limit and (running or paused):
+            # Also while paused: a full segment must be able to go once read.
+            if paused:
+                self._repair_tail()
+            self.spool.rotate(create=paused)
             if running:
                 self.child.reopen_output()
         if self.child.running():
