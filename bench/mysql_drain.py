@@ -20,8 +20,8 @@ mariadb-binlog, connection included for bare).  Prints rows/s of each (medians o
 the ratios lapidus / bare and lapidus / mariadb-binlog, the CPU seconds of the Lapidus processes,
 and the RSS of the supervisor, worker and dispatcher right after the drain and once idle.
 
-Needs the local MariaDB configured by scripts/setup-local (root, no password). Uses and then
-drops the database ``lapidus_bench_drain``.
+Needs the local MariaDB configured by scripts/setup-local (root, no password; another port with
+BENCH_MYSQL_PORT=N). Uses and then drops the database ``lapidus_bench_drain``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pymysqlreplication.row_event import (  # noqa: E402
 )
 
 DB = "lapidus_bench_drain"
-HOST, PORT, USER = "127.0.0.1", 3306, "root"
+HOST, PORT, USER = "127.0.0.1", int(os.environ.get("BENCH_MYSQL_PORT", "3306")), "root"
 BACKEND = "bench"
 LAPIDUS_SERVER_ID = 4_300_001
 BARE_SERVER_ID = 4_300_002

@@ -13,7 +13,8 @@ same number of payloads of the same shape to the same subscriber:
   * jetstream:  the same with a reply inbox and a window of 4096 unacknowledged publishes
                 (what the sink does), until every ack arrived.
 Needs the local PostgreSQL (127.0.0.1:5432, user postgres) and nats-server with JetStream
-(127.0.0.1:4222).  Prints events/s of each and the ratio Lapidus / bare loop.
+(127.0.0.1:4222); other ports with BENCH_PG_PORT=N, BENCH_NATS_PORT=N.  Prints events/s of
+each and the ratio Lapidus / bare loop.
 
 The host has 2 cores shared by PostgreSQL, pg_recvlogical, the Lapidus worker and dispatcher,
 nats-server and the subscriber: anything else running at the same time (another benchmark)
@@ -39,9 +40,10 @@ from pathlib import Path
 import psutil
 import psycopg2
 
-NATS = ("127.0.0.1", 4222)
+NATS = ("127.0.0.1", int(os.environ.get("BENCH_NATS_PORT", "4222")))
+NATS_URL = f"nats://{NATS[0]}:{NATS[1]}"
 DB = "lapidus_bench_nats"
-PG = dict(host="127.0.0.1", port=5432, user="postgres")
+PG = dict(host="127.0.0.1", port=int(os.environ.get("BENCH_PG_PORT", "5432")), user="postgres")
 BACKEND_EXTRA: dict = {}
 
 
@@ -150,14 +152,14 @@ def make_backlog(rows: int) -> None:
 
 def drain_lapidus(workdir: Path, rows: int, mode: str, stream: str):
     """(seconds from starting lapidus to the last message, seconds from first to last)."""
-    plugin = {"server": "nats://127.0.0.1:4222", "subject_prefix": "bench"}
+    plugin = {"server": NATS_URL, "subject_prefix": "bench"}
     if mode == "jetstream":
         plugin.update(jetstream=True, stream=stream, subjects=["bench.>"])
     config = {
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
         "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
-                      "user": "postgres", "database": DB, "slot": "bench_lapidus",
-                      **BACKEND_EXTRA}],
+                      "port": PG["port"], "user": "postgres", "database": DB,
+                      "slot": "bench_lapidus", **BACKEND_EXTRA}],
         "plugins": {"nats": plugin},
     }
     path = workdir / "lapidus.json"
@@ -191,7 +193,7 @@ def drain_lapidus(workdir: Path, rows: int, mode: str, stream: str):
 
 async def stream_messages(stream: str, expected: int, timeout: float = 30) -> int:
     import nats
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     js = nc.jetstream()
     deadline = time.monotonic() + timeout
     while True:
@@ -220,7 +222,7 @@ def sample_payloads(rows: int):
 
 async def bare_loop(payloads, mode: str, stream: str) -> float:
     import nats
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     subscriber = Subscriber("bench.>", len(payloads))
     headers_of = lambda msg_id: {"Nats-Msg-Id": msg_id, "Lapidus-Backend": "bench",  # noqa: E731
                                  "Lapidus-Type": "insert", "Lapidus-Position": "0/1A2B3C4D"}
@@ -314,7 +316,7 @@ def main():
 
 async def create_stream(name: str) -> None:
     import nats
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     await nc.jetstream().add_stream(name=name, subjects=["bench.>"], duplicate_window=120)
     await nc.close()
 
@@ -322,7 +324,7 @@ async def create_stream(name: str) -> None:
 async def delete_stream(name: str) -> None:
     import nats
     import nats.js.errors
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     try:
         await nc.jetstream().delete_stream(name)
     except nats.js.errors.NotFoundError:

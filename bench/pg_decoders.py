@@ -16,7 +16,8 @@ drain (the slot's ``active_pid``, sampled with psutil until the drain ends: deco
 server, including the sends to the client; the part spent in the kernel is shown beside
 it), and for Lapidus the CPU seconds of its pg_recvlogical, worker, dispatcher and supervisor.
 Prints each run and the medians.  Talks only to the local PostgreSQL (127.0.0.1:5432, user
-postgres) and must run on the database host (psutil reads the walsender's CPU time).
+postgres; another port with BENCH_PG_PORT=N) and must run on the database host (psutil reads
+the walsender's CPU time).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Dict, Optional
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pg_drain import DB, connect, make_backlog, reset_database, sql  # noqa: E402
+from pg_drain import DB, PG, connect, make_backlog, reset_database, sql  # noqa: E402
 
 from lapidus.workers.postgresql.pgoutput import PgOutputDecoder  # noqa: E402
 from lapidus.workers.postgresql.recvlogical import find_pg_recvlogical  # noqa: E402
@@ -98,7 +99,7 @@ def drain_pg_recvlogical(workdir: Path, decoder: str, end_lsn: str) -> Dict[str,
     out = workdir / f"baseline-{decoder}.out"
     slot = f"bench_base_{decoder}"
     argv = [find_pg_recvlogical(), "--start", "--no-loop", "-d",
-            f"host=127.0.0.1 port=5432 user=postgres dbname={DB} "
+            f"host=127.0.0.1 port={PG['port']} user=postgres dbname={DB} "
             f"application_name=bench_base_{decoder}",
             "--slot", slot, "-f", str(out), f"--endpos={end_lsn}", "--fsync-interval=1"]
     for opt in plugin_options(decoder):
@@ -120,7 +121,8 @@ def drain_lapidus(workdir: Path, decoder: str, rows: int) -> Dict[str, float]:
         "state_dir": str(workdir / f"state-{decoder}"),
         "log": {"format": "json", "level": "warning"},
         "backends": [{"name": f"bench_{decoder}", "type": "postgresql", "host": "127.0.0.1",
-                      "user": "postgres", "database": DB, "slot": slot, "decoder": decoder,
+                      "port": PG["port"], "user": "postgres", "database": DB, "slot": slot,
+                      "decoder": decoder,
                       "publication": PUBLICATION, "publication_mode": "existing"}],
     }
     path = workdir / f"lapidus-{decoder}.json"

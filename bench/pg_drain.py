@@ -8,7 +8,8 @@ transaction) into a 4-column table; then time
   * Lapidus:  ``lapidus -c CONFIG --stdout`` until ROWS lines arrived on its standard output.
 Both read the same backlog through their own slot.  Prints rows/s of each, the ratio (Lapidus /
 pg_recvlogical, medians over the runs), and the RSS of the supervisor and of the idle worker.
-Talks only to the local PostgreSQL (127.0.0.1:5432, user postgres).
+Talks only to the local PostgreSQL (127.0.0.1:5432, user postgres; another port with
+BENCH_PG_PORT=N).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lapidus.workers.postgresql.recvlogical import find_pg_recvlogical
 from lapidus.workers.postgresql.wal2json import Wal2JsonDecoder
 
 DB = "lapidus_bench"
-PG = dict(host="127.0.0.1", port=5432, user="postgres")
+PG = dict(host="127.0.0.1", port=int(os.environ.get("BENCH_PG_PORT", "5432")), user="postgres")
 
 
 def connect(dbname="postgres"):
@@ -72,7 +73,8 @@ def drain_pg_recvlogical(workdir: Path, end_lsn: str) -> float:
     out = workdir / "baseline.out"
     plugin_options = Wal2JsonDecoder(None, None).plugin_options()
     argv = [find_pg_recvlogical(), "--start", "--no-loop", "-d",
-            f"host=127.0.0.1 port=5432 user=postgres dbname={DB}", "--slot", "pg_drain_baseline",
+            f"host=127.0.0.1 port={PG['port']} user=postgres dbname={DB}", "--slot",
+            "pg_drain_baseline",
             "-f", str(out), f"--endpos={end_lsn}", "--fsync-interval=1"]
     for opt in plugin_options:
         argv += ["-o", opt]
@@ -87,7 +89,8 @@ def drain_lapidus(workdir: Path, rows: int):
     config = {
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
         "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
-                      "user": "postgres", "database": DB, "slot": "pg_drain_lapidus"}],
+                      "port": PG["port"], "user": "postgres", "database": DB,
+                      "slot": "pg_drain_lapidus"}],
     }
     path = workdir / "lapidus.json"
     path.write_text(json.dumps(config))
