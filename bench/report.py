@@ -181,11 +181,14 @@ def resource_tables(res) -> str:
         if p["phase"] == "long":
             out += ["", f"Long run: {p['events']:,} events in {p['seconds']:.0f} s "
                         f"({p['events_per_s']:,.0f}/s), both backends at once.", "",
-                    "| process | RSS after 20% of the events | RSS at the end | max | "
-                    "slope, KiB per million events | growth extrapolated to 5M events |",
-                    "|---|---|---|---|---|---|"]
+                    "| process | RSS at the start | RSS half-way | RSS at the end | max | "
+                    "slope over the second half, KiB per million events | growth extrapolated "
+                    "to 5M events |",
+                    "|---|---|---|---|---|---|---|"]
             for n, s in sorted(p["slopes"].items()):
-                out.append(f"| {n} | {s['rss_first'] / MIB:.1f} MiB | {s['rss_last'] / MIB:.1f} MiB"
+                start = s.get("rss_start")
+                out.append(f"| {n} | {start / MIB if start else float('nan'):.1f} MiB "
+                           f"| {s['rss_first'] / MIB:.1f} MiB | {s['rss_last'] / MIB:.1f} MiB"
                            f" | {s['rss_max'] / MIB:.1f} MiB"
                            f" | {s['kib_per_million_events']:+.0f} | "
                            f"{s['extrapolated_5m_growth_mib']:+.1f} MiB |")
