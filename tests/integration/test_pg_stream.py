@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend
