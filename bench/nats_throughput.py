@@ -38,12 +38,12 @@ import uuid
 from pathlib import Path
 
 import psutil
-import psycopg2
+
+from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 
 NATS = ("127.0.0.1", int(os.environ.get("BENCH_NATS_PORT", "4222")))
 NATS_URL = f"nats://{NATS[0]}:{NATS[1]}"
 DB = "lapidus_bench_nats"
-PG = dict(host="127.0.0.1", port=int(os.environ.get("BENCH_PG_PORT", "5432")), user="postgres")
 BACKEND_EXTRA: dict = {}
 
 
@@ -112,18 +112,6 @@ class Subscriber:
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------
-
-def connect(dbname="postgres"):
-    conn = psycopg2.connect(dbname=dbname, **PG)
-    conn.autocommit = True
-    return conn
-
-
-def sql(conn, statement, args=None):
-    with conn.cursor() as cur:
-        cur.execute(statement, args)
-        return cur.fetchall() if cur.description else None
-
 
 def drop_database():
     admin = connect()
