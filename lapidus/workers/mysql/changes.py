@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import collections
 import datetime as _dt
-from typing import Callable, Deque, Dict, FrozenSet, List, Optional
+import functools
+from typing import Callable, Deque, Dict, FrozenSet, List, Optional, Tuple
 
-from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication.constants import BINLOG, FIELD_TYPE
 from pymysqlreplication.event import (
     GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent,
 )
@@ -33,6 +34,8 @@ from ...events import Event
 from ..base import BackendError
 from . import ddl
 from .position import MARIADB, Checkpoint, new_state
+from .reader import row_data
+from .rowimage import TableDecoder, compile_table
 from .scope import Scope
 from .values import TablePlan, build_plan, convert_row
 
@@ -41,8 +44,10 @@ _MARIADB_STANDALONE = 0x01       # MariaDB GTID event flag: no COMMIT/XID follow
 JsonColumns = Callable[[str, str], FrozenSet[str]]
 
 
+@functools.lru_cache(maxsize=64)
 def commit_time(seconds: int) -> str:
-    """Binlog header time (whole seconds, UTC) as RFC 3339 with Z."""
+    """Binlog header time (whole seconds, UTC) as RFC 3339 with Z.  Cached: consecutive
+    transactions mostly share their second."""
     return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -69,7 +74,10 @@ class ChangeStream:
         self._file = file
         self._pos = pos
         self._json_columns = json_columns
-        self._plans: Dict[int, TablePlan] = {}
+        # table id -> (plan, decoder or None) of the table map in force
+        self._plans: Dict[int, Tuple[TablePlan, Optional[TableDecoder]]] = {}
+        # The reader hands out the same object for a repeated table map: built once per map.
+        self._built: Dict[int, Tuple[object, TablePlan, Optional[TableDecoder]]] = {}
         self.pending: Deque[Event] = collections.deque()
         # The partly delivered transaction to continue, if its index is meaningful here.
         self._resume_tx: Optional[str] = None
@@ -179,6 +187,7 @@ class ChangeStream:
             self._end(log_file, log_pos)
 
     def _json_cache_reset(self) -> None:
+        self._built.clear()
         reset = getattr(self._json_columns, "reset", None)
         if reset is not None:
             reset()
@@ -201,6 +210,10 @@ class ChangeStream:
                          before=None, position=self._tx, txid=self._txid, ts=self._ts), index)
 
     def _table_map(self, event) -> None:
+        built = self._built.get(id(event))
+        if built is not None and built[0] is event:
+            self._plans[event.table_id] = built[1:]
+            return
         columns = event.columns
         for column in columns:
             if column.name is None:
@@ -214,16 +227,39 @@ class ChangeStream:
         json_cols: FrozenSet[str] = frozenset()
         if self._json_columns is not None and might_hold_json(columns):
             json_cols = self._json_columns(event.schema, event.table)
-        self._plans[event.table_id] = build_plan(event.schema, event.table, columns,
-                                                 pk_indexes, json_cols)
+        plan = build_plan(event.schema, event.table, columns, pk_indexes, json_cols)
+        decoder = compile_table(columns, json_cols)
+        if len(self._built) >= 4096:
+            self._built.clear()
+        self._built[id(event)] = (event, plan, decoder)
+        self._plans[event.table_id] = (plan, decoder)
 
-    def _plan_for(self, event) -> TablePlan:
-        plan = self._plans.get(event.table_id)
-        if plan is None or plan.table != event.table or plan.schema != event.schema:
+    def _plan_for(self, event) -> Tuple[TablePlan, Optional[TableDecoder]]:
+        known = self._plans.get(event.table_id)
+        if known is None or known[0].table != event.table or known[0].schema != event.schema:
             plan = build_plan(event.schema, event.table, event.columns, [
                 i for i, c in enumerate(event.columns) if getattr(c, "is_primary", False)])
-            self._plans[event.table_id] = plan
-        return plan
+            known = self._plans[event.table_id] = (plan, None)
+        return known
+
+    @staticmethod
+    def _images(event, plan: TablePlan, decoder: Optional[TableDecoder], update: bool) -> list:
+        """The event's rows as (values, left-out columns) images; (before, after) pairs for
+        an update.  Lapidus's decoder where it has one for the table (rowimage.py), else the
+        library's rows mapped by values.py: the two give the same values."""
+        data = None
+        if decoder is not None and event.event_type != BINLOG.PARTIAL_UPDATE_ROWS_EVENT:
+            data = row_data(event)
+        if data is not None:
+            if update:
+                return decoder.image_pairs(data, event.columns_present_bitmap,
+                                           event.columns_present_bitmap2)
+            return decoder.images(data, event.columns_present_bitmap)
+        if update:
+            return [(convert_row(plan, row["before_values"], row["before_none_sources"]),
+                     convert_row(plan, row["after_values"], row["after_none_sources"]))
+                    for row in event.rows]
+        return [convert_row(plan, row["values"], row["none_sources"]) for row in event.rows]
 
     def _rows(self, event) -> None:
         if self._tx is None:
@@ -231,41 +267,40 @@ class ChangeStream:
             # started inside a transaction, which resuming by GTID never does.
             raise BackendError(f"{self._describe}: row event outside a transaction at "
                                f"{self._file}:{self._pos}; the stream cannot be trusted here")
-        plan = self._plan_for(event)
-        rows = event.rows
+        plan, decoder = self._plan_for(event)
+        update = isinstance(event, UpdateRowsEvent)
+        rows = self._images(event, plan, decoder, update)
         first = self._next_index
         self._next_index += len(rows)
         start = max(0, self._skip_upto + 1 - first)
         if start >= len(rows):
             return
         prefix = self._id_prefix
-        common = (self.backend, plan.schema, plan.table)
+        backend, schema, table = self.backend, plan.schema, plan.table
+        tx, txid, ts = self._tx, self._txid, self._ts
         pk_names = plan.pk
-        if isinstance(event, UpdateRowsEvent):
+        push = self._push
+        if update:
             for offset in range(start, len(rows)):
-                row = rows[offset]
-                before, _ = convert_row(plan, row["before_values"], row["before_none_sources"])
-                item, unchanged = convert_row(plan, row["after_values"],
-                                              row["after_none_sources"])
+                (before, _), (item, unchanged) = rows[offset]
                 index = first + offset
-                self._push(Event(prefix + str(index), "update", *common,
-                                 {k: item.get(k, before.get(k)) for k in pk_names}
-                                 if pk_names else None,
-                                 item, before, self._tx, self._txid, self._ts,
-                                 unchanged=unchanged), index)
+                push(Event(prefix + str(index), "update", backend, schema, table,
+                           {k: item.get(k, before.get(k)) for k in pk_names}
+                           if pk_names else None,
+                           item, before, tx, txid, ts, unchanged), index)
             return
-        kind = "insert" if isinstance(event, WriteRowsEvent) else "delete"
+        insert = isinstance(event, WriteRowsEvent)
+        kind = "insert" if insert else "delete"
         for offset in range(start, len(rows)):
-            row = rows[offset]
-            values, _ = convert_row(plan, row["values"], row["none_sources"])
+            values = rows[offset][0]
             index = first + offset
             pk = {k: values.get(k) for k in pk_names} if pk_names else None
-            if kind == "insert":
-                self._push(Event(prefix + str(index), kind, *common, pk, values, None,
-                                 self._tx, self._txid, self._ts), index)
+            if insert:
+                push(Event(prefix + str(index), kind, backend, schema, table, pk, values, None,
+                           tx, txid, ts), index)
             else:
-                self._push(Event(prefix + str(index), kind, *common, pk, None, values,
-                                 self._tx, self._txid, self._ts), index)
+                push(Event(prefix + str(index), kind, backend, schema, table, pk, None, values,
+                           tx, txid, ts), index)
 
     def _push(self, event: Event, index: int) -> None:
         self.pending.append(event)

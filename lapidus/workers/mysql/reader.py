@@ -11,7 +11,13 @@ period, replica registration, MariaDB/MySQL GTID dump) and its event parser, and
 * treats the end of the stream as an error instead of silently reconnecting on the next call;
 * applies the backend's table scope on the table map, before any row is decoded (rows of a
   table whose map is not kept are skipped by the library without reading a column);
-* decodes temporal and BIT columns exactly (:class:`_ExactRows`).
+* decodes temporal and BIT columns exactly (:class:`_ExactRows`);
+* parses each distinct table map once: the binlog repeats a table's map before every
+  transaction's rows, and the library's parsing of it (with the optional metadata) cost about
+  half of the reading of a one-row transaction; identical bytes give the same map, so the
+  parsed event is kept and handed out again (:class:`TableMapCache`);
+* gives the raw row data of a rows event to Lapidus's own decoder (:func:`row_data`,
+  :mod:`.rowimage`).
 
 It reaches into the library's private attributes (``_BinLogStreamReader__...``); they are
 checked at construction so that another library version fails loudly, not subtly.
@@ -19,7 +25,7 @@ checked at construction so that another library version fails loudly, not subtly
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import BINLOG
@@ -41,6 +47,48 @@ from .settings import MysqlSettings
 
 class StreamEnded(Exception):
     """The server ended the binlog stream (EOF packet)."""
+
+
+# Binlog event header inside a replication packet: OK byte, timestamp (4), type (1),
+# server id (4), event size (4), next position (4), flags (2); the body follows.
+_TYPE_OFFSET = 5
+_NEXT_POSITION = slice(14, 18)
+_BODY_OFFSET = 20
+_CHECKSUM_BYTES = 4
+
+
+class TableMapCache:
+    """Parsed table map events by their body bytes (table id, names, column types and
+    metadata): the same bytes always parse to the same map.  Bounded; cleared when full."""
+
+    LIMIT = 4096
+
+    def __init__(self):
+        self._maps: Dict[bytes, Tuple[TableMapEvent, bool]] = {}
+
+    def get(self, body: bytes) -> Optional[Tuple[TableMapEvent, bool]]:
+        """``(event, in scope)`` for a map seen before, else None."""
+        return self._maps.get(body)
+
+    def put(self, body: bytes, event: TableMapEvent, in_scope: bool) -> None:
+        if len(self._maps) >= self.LIMIT:
+            self._maps.clear()
+        self._maps[body] = (event, in_scope)
+
+
+def row_data(event: RowsEvent) -> Optional[bytes]:
+    """The undecoded row images of a rows event whose header the library has read, or None
+    when they cannot be taken whole (the library's decoding is then the way)."""
+    wrapper = getattr(event, "packet", None)
+    if wrapper is None:
+        return None
+    # Bytes the library pushed back (it does for DECIMAL signs) would be missed: then, or if
+    # a library version has no such buffer, leave the decoding to the library.
+    if not event.complete or getattr(wrapper, "_BinLogPacketWrapper__data_buffer", b"?"):
+        return None
+    packet = wrapper.packet
+    start = packet._position
+    return packet._data[start:start + event.event_size - wrapper.read_bytes]
 
 
 class _ExactRows:
@@ -164,6 +212,7 @@ class BinlogReader(BinLogStreamReader):
                 "this python-mysql-replication version is not supported by lapidus (missing "
                 f"{', '.join(missing)}); install mysql-replication==1.0.17")
         self._allowed = EVENTS
+        self._table_maps = TableMapCache()
 
     @property
     def stream(self) -> Optional[WatchedConnection]:
@@ -200,6 +249,22 @@ class BinlogReader(BinLogStreamReader):
                 raise StreamEnded("the server ended the binlog stream")
             if not packet.is_ok_packet():
                 continue
+            data = packet._data
+            if data[_TYPE_OFFSET] == BINLOG.TABLE_MAP_EVENT:
+                end = len(data) - _CHECKSUM_BYTES if self._BinLogStreamReader__use_checksum \
+                    else len(data)
+                body = data[_BODY_OFFSET:end]
+                known = self._table_maps.get(body)
+                if known is not None:
+                    self.log_pos = int.from_bytes(data[_NEXT_POSITION], "little") or self.log_pos
+                    event, in_scope = known
+                    if not in_scope:
+                        self.table_map.pop(event.table_id, None)
+                        continue
+                    self.table_map[event.table_id] = event.get_table()
+                    return event
+            else:
+                body = None
             wrapped = _PacketWrapper(
                 packet, self.table_map, self._ctl_connection, self.mysql_version,
                 self._BinLogStreamReader__use_checksum, self._allowed,
@@ -230,9 +295,11 @@ class BinlogReader(BinLogStreamReader):
             if kind == BINLOG.TABLE_MAP_EVENT and event is not None:
                 if self.scope.allows(event.schema, event.table):
                     self.table_map[event.table_id] = event.get_table()
+                    self._table_maps.put(body, event, True)
                 else:
                     # Dropping the map makes the library skip this table's rows undecoded.
                     self.table_map.pop(event.table_id, None)
+                    self._table_maps.put(body, event, False)
                     continue
             if event is None:
                 continue
