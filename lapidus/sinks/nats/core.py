@@ -20,9 +20,10 @@ from .connection import Connection, ConnectionLost
 from .messages import Message
 from .wire import Wire
 
-# nats-py only buffers in publish(); its flusher task writes to the socket when the loop runs.
-# Yielding every so many messages lets the server work on the head of a batch while the tail
-# is still being published (and acks come back meanwhile), instead of one batch-long burst.
+# Messages are handed to nats-py in runs of this many (one write each, see wire.Frames);
+# nats-py only buffers, its flusher task writes to the socket when the loop runs.  Yielding
+# after each run lets the server work on the head of a batch while the tail is still being
+# encoded (and acks come back meanwhile), instead of one batch-long burst.
 YIELD_EVERY = 128
 
 
@@ -63,17 +64,16 @@ class CorePublisher:
         conn = self.connection
         nc = conn.nc
         session = conn.session()
-        publish = self.wire.publish
+        wire = self.wire
+        frames = wire.frames()
         message = None
         try:
-            for index, message in enumerate(messages):
-                # Publishing while reconnecting would go to nats-py's buffer, which the
-                # connection drops (see Connection._drop_unsent): stop and resend instead.
-                if not nc.is_connected:
-                    raise ConnectionLost()
-                await publish(message.subject, "", message.header, message.payload)
-                if index % YIELD_EVERY == YIELD_EVERY - 1:
+            for message in messages:
+                frames.add(message.subject, "", message.header, message.payload)
+                if frames.count == YIELD_EVERY:
+                    await write_connected(wire, frames)
                     await asyncio.sleep(0)
+            await write_connected(wire, frames)
             flush = asyncio.ensure_future(nc.flush(timeout=self.flush_timeout))
             try:
                 await first_of(flush, session.lost)
@@ -93,6 +93,15 @@ class CorePublisher:
             raise ConnectionLost() from None
         if not conn.intact(session):
             raise ConnectionLost()
+
+
+async def write_connected(wire: Wire, frames: Any) -> None:
+    """Hand ``frames`` to nats-py, unless the connection is down: publishing while
+    reconnecting would go to nats-py's buffer, which the connection drops (see
+    Connection._drop_unsent), so the caller stops and resends instead."""
+    if not wire.nc.is_connected:
+        raise ConnectionLost()
+    await wire.send(frames)
 
 
 def too_large(message: Message, nc: Any) -> SinkError:

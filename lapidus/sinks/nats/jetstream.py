@@ -33,7 +33,7 @@ import orjson
 
 from ..base import SinkError
 from .connection import Connection, ConnectionLost
-from .core import YIELD_EVERY, first_of, too_large
+from .core import YIELD_EVERY, first_of, too_large, write_connected
 from .messages import Message
 from .wire import Wire
 
@@ -130,8 +130,8 @@ class JetStreamPublisher:
             self._space.set()
 
     async def _send(self, batch: _Batch, session: Any, resend_plain: bool) -> None:
-        nc = self.connection.nc
-        publish = self.wire.publish
+        wire = self.wire
+        frames = wire.frames()
         waiting = self._waiting
         inbox = self._inbox
         acked = batch.acked
@@ -143,24 +143,23 @@ class JetStreamPublisher:
                 number = batch.numbers[index]
                 if number < 0:
                     if resend_plain:
-                        if not nc.is_connected:
-                            raise ConnectionLost()
-                        await publish(message.subject, "", message.header, message.payload)
+                        frames.add(message.subject, "", message.header, message.payload)
                     continue
                 if len(waiting) >= self.max_pending:
+                    await write_connected(wire, frames)     # the acks come for what is sent
                     if not await self._wait_for_space(session):
                         return  # acks stalled: stop filling the window; the caller resends
                 if batch.error is not None:
                     return      # no point publishing more: the batch fails anyway
-                if not nc.is_connected:
-                    raise ConnectionLost()
+                frames.add(message.subject, inbox + str(number), message.header,
+                           message.payload)
                 waiting[number] = index
-                await publish(message.subject, inbox + str(number), message.header,
-                              message.payload)
-                if number % YIELD_EVERY == 0:
+                if frames.count >= YIELD_EVERY:
+                    await write_connected(wire, frames)
                     await asyncio.sleep(0)   # see core.YIELD_EVERY
+            await write_connected(wire, frames)
         except nats.errors.MaxPayloadError:
-            raise too_large(message, nc) from None
+            raise too_large(message, self.connection.nc) from None
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             raise ConnectionLost() from None
 
