@@ -1,10 +1,11 @@
 """Drain a PostgreSQL backlog into NATS: Lapidus (core and JetStream) beside bare nats-py loops.
 
     .venv/bin/python bench/nats_throughput.py [--rows 200000] [--runs 1] [--modes core,jetstream]
-                                              [--batch-size N]
+                                              [--batch-size N] [--decoder pgoutput|wal2json]
 
 Per run and mode: with Lapidus stopped, insert ROWS rows (one transaction) into a 4-column
-table, then start ``lapidus -c CONFIG`` with the nats plugin and time from its start to the
+table, then start ``lapidus -c CONFIG`` with the nats plugin (and the ``--decoder``, by default
+pgoutput, Lapidus's default where the server allows it) and time from its start to the
 last message seen by a subscriber (a separate process counting messages on ``bench.>`` with a
 minimal protocol reader, so it costs the publisher as little CPU as possible).  In JetStream
 mode the stream must also hold ROWS messages.  In the same run, bare nats-py loops publish the
@@ -44,6 +45,7 @@ from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same s
 NATS = ("127.0.0.1", int(os.environ.get("BENCH_NATS_PORT", "4222")))
 NATS_URL = f"nats://{NATS[0]}:{NATS[1]}"
 DB = "lapidus_bench_nats"
+PUBLICATION = "bench_nats"
 BACKEND_EXTRA: dict = {}
 
 
@@ -122,7 +124,7 @@ def drop_database():
     admin.close()
 
 
-def make_backlog(rows: int) -> None:
+def make_backlog(rows: int, decoder: str) -> None:
     drop_database()
     admin = connect()
     sql(admin, f"CREATE DATABASE {DB}")
@@ -130,7 +132,9 @@ def make_backlog(rows: int) -> None:
     conn = connect(DB)
     sql(conn, "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2), "
               "updated_at timestamptz)")
-    sql(conn, "SELECT pg_create_logical_replication_slot('bench_lapidus', 'wal2json')")
+    # pgoutput reads the publication as of each change: it must exist before the slot.
+    sql(conn, f"CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES")
+    sql(conn, "SELECT pg_create_logical_replication_slot('bench_lapidus', %s)", (decoder,))
     sql(conn, "INSERT INTO items SELECT g, 'item ' || g, g / 100.0, now() "
               "FROM generate_series(1, %s) g", (rows,))
     conn.close()
@@ -147,7 +151,8 @@ def drain_lapidus(workdir: Path, rows: int, mode: str, stream: str):
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
         "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
                       "port": PG["port"], "user": "postgres", "database": DB,
-                      "slot": "bench_lapidus", **BACKEND_EXTRA}],
+                      "slot": "bench_lapidus", "publication": PUBLICATION,
+                      "publication_mode": "existing", **BACKEND_EXTRA}],
         "plugins": {"nats": plugin},
     }
     path = workdir / "lapidus.json"
@@ -255,6 +260,7 @@ def main():
     parser.add_argument("--modes", default="core,jetstream")
     parser.add_argument("--batch-size", type=int, default=0,
                         help="the backend's batch_size (0: Lapidus's default)")
+    parser.add_argument("--decoder", choices=("pgoutput", "wal2json"), default="pgoutput")
     parser.add_argument("--subscriber", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.subscriber:
@@ -269,7 +275,7 @@ def main():
         for mode in modes:
             stream = f"BENCH_{uuid.uuid4().hex[:8]}"
             with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
-                make_backlog(args.rows)
+                make_backlog(args.rows, args.decoder)
                 try:
                     lap, streaming = drain_lapidus(Path(tmp), args.rows, mode, stream)
                 finally:
@@ -288,7 +294,8 @@ def main():
                   f"({args.rows / streaming:,.0f} events/s from first to last message), "
                   f"bare nats-py loop {args.rows / bare:,.0f} events/s", flush=True)
     drop_database()
-    print(f"median over {args.runs} run(s) of {args.rows:,} rows (one transaction):")
+    print(f"median over {args.runs} run(s) of {args.rows:,} rows (one transaction), decoder "
+          f"{args.decoder}:")
     for mode in modes:
         lap = statistics.median(results[("lapidus", mode)])
         streaming = statistics.median(results[("streaming", mode)])

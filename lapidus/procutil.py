@@ -79,3 +79,21 @@ def kill_tree(pid: int, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace)
+
+
+def run_profiled(name: str, function, *args):
+    """``function(*args)``; with ``LAPIDUS_PROFILE_DIR`` set, under cProfile, the statistics
+    written to ``<dir>/<name>-<pid>.prof`` when it returns (for ``python -m pstats``).
+
+    A developer's switch, for finding where a worker or the dispatcher spends its time in a
+    benchmark (docs/benchmarks.md); cProfile roughly doubles the cost of Python calls.
+    """
+    directory = os.environ.get("LAPIDUS_PROFILE_DIR")
+    if not directory:
+        return function(*args)
+    import cProfile
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(function, *args)
+    finally:
+        profile.dump_stats(os.path.join(directory, f"{name}-{os.getpid()}.prof"))

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 from .. import logs
 from ..events import Record
-from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
+from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
@@ -208,6 +208,6 @@ def dispatcher_main(config, socket_path: str, parent_pid: int, status=None) -> N
     tune_gc_for_throughput()
     logs.configure(config.log.format, config.log.level, process="dispatcher")
     dispatcher = Dispatcher(config, socket_path, logs.get_logger(), status)
-    code = asyncio.run(dispatcher.serve())
+    code = run_profiled("dispatcher", asyncio.run, dispatcher.serve())
     sys.stdout.flush()
     os._exit(code)

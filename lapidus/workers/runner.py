@@ -21,7 +21,7 @@ from typing import Any, Deque, Optional, Tuple
 from .. import logs
 from ..checkpoint import CheckpointStore
 from ..events import record_fields
-from ..procutil import die_with_parent, set_process_name, tune_gc_for_throughput
+from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
 
@@ -226,7 +226,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     signal.signal(signal.SIGTERM, loop.request_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:
-        code = loop.run()
+        code = run_profiled(f"worker-{backend.name}", loop.run)
     except Exception:
         log.exception("worker crashed")
         code = EXIT_ERROR

@@ -18,7 +18,7 @@ and ids and positions are made from LSNs, GTIDs, binlog coordinates or hex resum
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...events import Record
 from ..subjects import SubjectBuilder
@@ -43,10 +43,16 @@ def _clean(value: str) -> str:
     return value
 
 
+def header_tail(backend: str, kind: str, position: str) -> bytes:
+    """The header block after the message id: the same for every event of one type in one
+    transaction, so a batch builds it once per (type, position)."""
+    return (f"\r\nLapidus-Backend: {backend}\r\nLapidus-Type: {_clean(kind)}\r\n"
+            f"Lapidus-Position: {_clean(position)}\r\n\r\n").encode()
+
+
 def header_block(msg_id: str, backend: str, kind: str, position: str) -> bytes:
-    return (f"NATS/1.0\r\nNats-Msg-Id: {_clean(msg_id)}\r\nLapidus-Backend: {backend}\r\n"
-            f"Lapidus-Type: {_clean(kind)}\r\nLapidus-Position: {_clean(position)}\r\n\r\n"
-            ).encode()
+    return b"NATS/1.0\r\nNats-Msg-Id: " + _clean(msg_id).encode() + header_tail(
+        backend, kind, position)
 
 
 class MessageBuilder:
@@ -64,12 +70,17 @@ class MessageBuilder:
         subject_of = self.subjects.subject
         backend, with_data, stored, cache_prefix = (self.backend, self.with_data, self.stored,
                                                     self.cache_prefix)
+        tails: Dict[Tuple[str, str], bytes] = {}
         for record in records:
             subject = subject_of(record)
             payload = record.data if with_data else b""
             msg_id = record.id
+            tail = tails.get((record.type, record.position))
+            if tail is None:
+                tail = tails[(record.type, record.position)] = header_tail(
+                    backend, record.type, record.position)
             append(Message(subject, payload,
-                           header_block(msg_id, backend, record.type, record.position),
+                           b"NATS/1.0\r\nNats-Msg-Id: " + _clean(msg_id).encode() + tail,
                            msg_id, stored))
             if cache_prefix is not None:
                 verb = CACHE_VERBS.get(record.type)

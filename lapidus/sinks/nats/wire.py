@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 import nats.errors
+from nats.protocol.parser import AWAITING_CONTROL_LINE
 
 #: handler(subject, data, raw_headers_or_None) for each message on the ack subscription
 AckHandler = Callable[[bytes, bytes, Optional[bytes]], None]
@@ -144,3 +145,41 @@ class Wire:
             await original(msg_sid, msg_subject, reply, data, headers)
 
         nc._process_msg = process_msg
+        self._read_acks_first(subject, sid, handler)
+
+    def _read_acks_first(self, subject: str, sid: int, handler: AckHandler) -> None:
+        """Take plain acks (``MSG <inbox>.<n> <sid> <size>``) off each read before nats-py's
+        parser sees it: that parser matches a regular expression and schedules a coroutine per
+        message, several microseconds per ack, one ack per event.  Anything else (the first
+        line that is not such an ack, a message split across reads, an error ack with
+        headers) and everything after it goes to nats-py's parser unchanged, and only while
+        that parser holds no partial input, so the stream is never reordered."""
+        parser = getattr(self.nc, "_ps", None)
+        if parser is None or not hasattr(parser, "buf") or not hasattr(parser, "state"):
+            return
+        original_parse = parser.parse
+        prefix = b"MSG " + subject.rstrip("*").encode()
+        sid_text = str(sid).encode()
+
+        async def parse(data: bytes = b"") -> None:
+            if parser.buf or parser.state != AWAITING_CONTROL_LINE:
+                await original_parse(data)
+                return
+            pos, size = 0, len(data)
+            while data.startswith(prefix, pos):
+                line_end = data.find(b"\r\n", pos)
+                if line_end < 0:
+                    break
+                fields = data[pos:line_end].split(b" ")
+                if len(fields) != 4 or fields[2] != sid_text or not fields[3].isdigit():
+                    break
+                start = line_end + 2
+                end = start + int(fields[3])
+                if end + 2 > size:
+                    break
+                handler(fields[1], data[start:end], None)
+                pos = end + 2
+            if pos < size:
+                await original_parse(data[pos:] if pos else data)
+
+        parser.parse = parse
