@@ -80,3 +80,10 @@ def test_error_acks_with_headers_and_other_subscriptions_are_left_to_nats_py():
         ("nats-py", SID, b"_INBOX.abc.8", b"{}", None),
         ("nats-py", 9, b"_INBOX.abc.8", b"{}", None),
     ]
+
+
+def test_a_payload_that_looks_like_an_ack_stays_a_payload():
+    client = wired()
+    payload = ack(9)
+    feed(client, f"MSG other.subject 9 {len(payload)}\r\n".encode(), payload + b"\r\n")
+    assert client.seen == [("nats-py", 9, b"other.subject", payload, None)]
