@@ -87,3 +87,11 @@ def test_a_payload_that_looks_like_an_ack_stays_a_payload():
     payload = ack(9)
     feed(client, f"MSG other.subject 9 {len(payload)}\r\n".encode(), payload + b"\r\n")
     assert client.seen == [("nats-py", 9, b"other.subject", payload, None)]
+
+
+def test_a_control_line_cut_between_reads_is_joined_and_read_as_an_ack():
+    client = wired()
+    second = ack(2)
+    feed(client, ack(1) + second[:9], second[9:] + ack(3))
+    assert [entry[:2] for entry in client.seen] == [
+        ("ack", b"_INBOX.abc.1"), ("ack", b"_INBOX.abc.2"), ("ack", b"_INBOX.abc.3")]

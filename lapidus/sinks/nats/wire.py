@@ -151,9 +151,10 @@ class Wire:
         """Take plain acks (``MSG <inbox>.<n> <sid> <size>``) off each read before nats-py's
         parser sees it: that parser matches a regular expression and schedules a coroutine per
         message, several microseconds per ack, one ack per event.  Anything else (the first
-        line that is not such an ack, a message split across reads, an error ack with
-        headers) and everything after it goes to nats-py's parser unchanged, and only while
-        that parser holds no partial input, so the stream is never reordered."""
+        line that is not such an ack, an error ack with headers) and everything after it goes
+        to nats-py's parser unchanged; a read that continues a message's payload goes there
+        whole, and a control line cut by the last read is joined to the next read first, so
+        the stream is never reordered."""
         parser = getattr(self.nc, "_ps", None)
         if parser is None or not hasattr(parser, "buf") or not hasattr(parser, "state"):
             return
@@ -162,9 +163,13 @@ class Wire:
         sid_text = str(sid).encode()
 
         async def parse(data: bytes = b"") -> None:
-            if parser.buf or parser.state != AWAITING_CONTROL_LINE:
+            if parser.state != AWAITING_CONTROL_LINE:      # inside a message's payload
                 await original_parse(data)
                 return
+            if parser.buf:
+                # The start of a line the last read cut: it goes first, as in nats-py.
+                data = bytes(parser.buf) + data
+                parser.buf.clear()
             pos, size = 0, len(data)
             while data.startswith(prefix, pos):
                 line_end = data.find(b"\r\n", pos)
