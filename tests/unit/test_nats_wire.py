@@ -30,7 +30,8 @@ class RecordingClient:
 
 
 def ack(n: int, sid: int = SID) -> bytes:
-    return f"MSG {INBOX}{n} {sid} 2\r\n{{}}\r\n".encode()
+    # as nats-server writes it: two spaces where a reply subject would be
+    return f"MSG {INBOX}{n} {sid}  2\r\n{{}}\r\n".encode()
 
 
 def wired():

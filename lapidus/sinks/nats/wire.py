@@ -175,7 +175,9 @@ class Wire:
                 line_end = data.find(b"\r\n", pos)
                 if line_end < 0:
                     break
-                fields = data[pos:line_end].split(b" ")
+                # "MSG <subject> <sid> <size>": nats-server writes two spaces where the
+                # reply subject would be, so split on runs of whitespace.
+                fields = data[pos:line_end].split()
                 if len(fields) != 4 or fields[2] != sid_text or not fields[3].isdigit():
                     break
                 start = line_end + 2
