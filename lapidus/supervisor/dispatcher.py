@@ -30,10 +30,11 @@ RETRY_MAX = 10.0
 class Pipeline:
     """One backend's ordered delivery: batches in, acks out."""
 
-    def __init__(self, backend: str, sinks: List[Sink], log):
+    def __init__(self, backend: str, sinks: List[Sink], log, merge_up_to: int = 1):
         self.backend = backend
         self.sinks = sinks
         self.log = log
+        self.merge_up_to = merge_up_to       # most queued batches delivered as one
         self.errors: Dict[str, int] = {}     # sink name -> failed deliveries
         self.queue: asyncio.Queue = asyncio.Queue()
         self.writer: Optional[asyncio.StreamWriter] = None
@@ -53,10 +54,35 @@ class Pipeline:
             generation, seq, records = await self.queue.get()
             if generation != self.generation:
                 continue  # its worker died; the restarted worker sends it again
+            seq, records = self._merge_queued(seq, records)
             await asyncio.gather(*(self._deliver(sink, records) for sink in self.sinks))
             self.delivered += len(records)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
+
+    def _merge_queued(self, seq: int, records: list) -> tuple:
+        """Append the batches queued behind this one (up to ``merge_up_to`` in all).
+
+        Batches queue up when the sinks are the slower side; delivering them together pays a
+        sink's per-delivery wait once (the last JetStream acks, the flush's round trip, the
+        write to standard output) instead of once per batch.  They come from one worker
+        connection, in order, so the merged records keep that order, and the ack of the last
+        one confirms all (acks are cumulative).  Only half the worker's in-flight window is
+        merged: the worker keeps reading into the other half meanwhile.
+        """
+        queue = self.queue
+        merged = None
+        for _ in range(self.merge_up_to - 1):
+            if queue.empty():
+                break
+            generation, next_seq, more = queue.get_nowait()
+            if generation != self.generation:
+                continue
+            if merged is None:
+                merged = list(records)
+            merged.extend(more)
+            seq = next_seq
+        return seq, (records if merged is None else merged)
 
     async def _deliver(self, sink: Sink, records) -> None:
         delay = 0.2
@@ -105,7 +131,9 @@ class Dispatcher:
             backend = next(b for b in self.config.backends if b.name == backend_name)
             plugins = self.config.plugins_for(backend)
             sinks = [await self._sink(n, o, backend_name) for n, o in plugins.items()]
-            pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name))
+            inflight = int(backend.options.get("max_inflight_batches", 8))
+            pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
+                                merge_up_to=max(1, inflight // 2))
             self.pipelines[backend_name] = pipeline
             task = asyncio.create_task(pipeline.run())
             task.add_done_callback(self._pipeline_done)

@@ -18,8 +18,6 @@ Each change gets the index of its place among the streamed changes of its transa
 from __future__ import annotations
 
 import collections
-import datetime as _dt
-import functools
 from typing import Callable, Deque, Dict, FrozenSet, List, Optional, Tuple
 
 from pymysqlreplication.constants import BINLOG, FIELD_TYPE
@@ -37,6 +35,7 @@ from .position import MARIADB, Checkpoint, new_state
 from .reader import row_data
 from .rowimage import TableDecoder, compile_table
 from .scope import Scope
+from .temporal import utc_seconds_text
 from .values import TablePlan, build_plan, convert_row
 
 _MARIADB_STANDALONE = 0x01       # MariaDB GTID event flag: no COMMIT/XID follows
@@ -44,11 +43,10 @@ _MARIADB_STANDALONE = 0x01       # MariaDB GTID event flag: no COMMIT/XID follow
 JsonColumns = Callable[[str, str], FrozenSet[str]]
 
 
-@functools.lru_cache(maxsize=64)
 def commit_time(seconds: int) -> str:
-    """Binlog header time (whole seconds, UTC) as RFC 3339 with Z.  Cached: consecutive
-    transactions mostly share their second."""
-    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Binlog header time (whole seconds, UTC) as RFC 3339 with Z (consecutive transactions
+    mostly share their second: the text is cached)."""
+    return utc_seconds_text(seconds) + "Z"
 
 
 def might_hold_json(columns) -> bool:

@@ -1,0 +1,72 @@
+"""Unit tests: a backend's Pipeline delivers queued batches in order, merged up to its limit,
+and acknowledges each delivery with the last batch's sequence number."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from lapidus.supervisor.dispatcher import Pipeline
+from lapidus.transport import ACK, unpack_from
+
+
+class RecordingSink:
+    shared = False
+
+    def __init__(self):
+        self.deliveries = []
+
+    async def send(self, records):
+        self.deliveries.append(list(records))
+
+
+class RecordingWriter:
+    def __init__(self):
+        self.data = bytearray()
+
+    def write(self, data):
+        self.data += data
+
+    def is_closing(self):
+        return False
+
+    def acks(self):
+        frames, _ = unpack_from(self.data)
+        return [payload for kind, payload in frames if kind == ACK]
+
+
+def deliver(merge_up_to, batches, stale=()):
+    """Queue ``batches`` (seq -> records) before the pipeline runs; ``stale`` seqs come from
+    an older connection of the worker."""
+    async def run():
+        sink, writer = RecordingSink(), RecordingWriter()
+        pipeline = Pipeline("crm", [sink], structlog.get_logger(), merge_up_to=merge_up_to)
+        generation = pipeline.attach(writer)
+        for seq, records in batches:
+            pipeline.queue.put_nowait((generation - 1 if seq in stale else generation, seq,
+                                       records))
+        task = asyncio.create_task(pipeline.run())
+        while pipeline.queue.qsize() or pipeline.delivered < sum(
+                len(r) for s, r in batches if s not in stale):
+            await asyncio.sleep(0)
+        task.cancel()
+        return sink.deliveries, writer.acks()
+    return asyncio.run(run())
+
+
+def test_queued_batches_are_merged_up_to_the_limit_in_order():
+    batches = [(1, ["a", "b"]), (2, ["c"]), (3, ["d"]), (4, ["e", "f"]), (5, ["g"])]
+    deliveries, acks = deliver(2, batches)
+    assert deliveries == [["a", "b", "c"], ["d", "e", "f"], ["g"]]
+    assert acks == [2, 4, 5]
+
+
+def test_without_merging_every_batch_is_its_own_delivery():
+    deliveries, acks = deliver(1, [(1, ["a"]), (2, ["b"])])
+    assert deliveries == [["a"], ["b"]] and acks == [1, 2]
+
+
+def test_batches_of_an_older_connection_are_not_merged_in():
+    deliveries, acks = deliver(3, [(1, ["a"]), (2, ["old"]), (3, ["c"])], stale={2})
+    assert deliveries == [["a", "c"]] and acks == [3]
