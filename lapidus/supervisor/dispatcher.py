@@ -140,6 +140,22 @@ class Dispatcher:
             self.tasks.append(task)
         return pipeline
 
+    async def _start_sinks(self) -> None:
+        """Start every enabled backend's sinks now, not at its worker's first connection: a
+        sink's connection (NATS, a command) is then made while the workers start, and the
+        first events do not wait for it.  A sink that cannot be set up here is logged, and
+        tried again when its worker connects (where a failure stops the dispatcher, as
+        before)."""
+        for backend in self.config.backends:
+            if not backend.options.get("enabled", True):
+                continue
+            try:
+                await self.pipeline_for(backend.name)
+            except Exception as exc:
+                self.log.warning("could not start the sinks of a backend yet; trying again "
+                                 "when its worker connects", backend=backend.name,
+                                 error=str(exc))
+
     def _pipeline_done(self, task: asyncio.Task) -> None:
         if task.cancelled():
             return
@@ -201,6 +217,7 @@ class Dispatcher:
             pass
         server = await asyncio.start_unix_server(self.handle, path=self.socket_path)
         os.chmod(self.socket_path, 0o600)
+        await self._start_sinks()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides

@@ -14,6 +14,7 @@ Modules: ``options`` (validation, no nats-py import: ``lapidus -t`` works withou
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 from ... import logs
@@ -39,6 +40,7 @@ class NatsSink(Sink):
         self.connection: Optional["Connection"] = None
         self.publisher: Optional[Union["CorePublisher", "JetStreamPublisher"]] = None
         self._prepared = False
+        self._preparing: Optional[asyncio.Future] = None
 
     @classmethod
     def validate(cls, options: Mapping[str, Any]) -> list:
@@ -60,6 +62,15 @@ class NatsSink(Sink):
         else:
             self.publisher = CorePublisher(self.connection, s.flush_timeout, self.log)
         self.connection.start()
+        # Connect and prepare in the background from now on: the first batch need not wait.
+        self._preparing = asyncio.ensure_future(self._prepare())
+        self._preparing.add_done_callback(self._report_prepare_failure)
+
+    def _report_prepare_failure(self, task: "asyncio.Future") -> None:
+        """Say at start-up already what will stop the first delivery (the batch then retries
+        the preparation and reports the same reason)."""
+        if not task.cancelled() and task.exception() is not None:
+            self.log.warning("nats sink not ready", error=str(task.exception()))
 
     async def _prepare(self) -> None:
         """Once connected: create the stream if asked, subscribe to the ack inbox."""
@@ -75,10 +86,17 @@ class NatsSink(Sink):
         if self.connection is None:
             await self.start()
         if not self._prepared:
-            await self._prepare()
+            task = self._preparing
+            if task is None or (task.done() and (task.cancelled() or task.exception())):
+                # Never started, or failed (say the stream could not be created): again, so
+                # that this batch's delivery reports the reason and is retried.
+                task = self._preparing = asyncio.ensure_future(self._prepare())
+            await asyncio.shield(task)
         await self.publisher.publish(self.messages.build(records))
 
     async def close(self) -> None:
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
         if self.connection is not None:
             await self.connection.close()
 
