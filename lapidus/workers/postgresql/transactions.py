@@ -100,9 +100,7 @@ class TransactionAssembler:
         out.append(self._event(change, format_lsn(lsn), 0, None, None))
 
     def _event(self, c: Change, position: str, index: int, xid, ts) -> Event:
-        return Event(
-            id=f"{self.backend}:{position}:{index}", type=c.type, backend=self.backend,
-            schema=c.schema, table=c.table, pk=c.pk, item=c.item, before=c.before,
-            position=position, txid=xid, ts=ts, unchanged=c.unchanged, prefix=c.prefix,
-            content=c.content, transactional=c.transactional,
-        )
+        # Positional, in Event's field order (once per change: keywords cost more)
+        return Event(f"{self.backend}:{position}:{index}", c.type, self.backend, c.schema,
+                     c.table, c.pk, c.item, c.before, position, xid, ts, c.unchanged, None,
+                     c.prefix, c.content, c.transactional)
