@@ -7,12 +7,16 @@ dict on every call, and a subscription hands each message through a ``Msg`` obje
 a task.  Measured here (JetStream, pipelined, 200k events of ~300 bytes): 8.5 us of client CPU
 per event with the public API, 2.8 us with these fast paths.  On a two-core host shared with
 the worker, PostgreSQL and nats-server, that difference is most of the distance to 50k
-events/s.
+events/s.  Since then: messages go to nats-py in runs of encoded ``HPUB`` commands
+(:class:`Frames`, one buffer append per run instead of one call per message), and acks are
+read off the front of each socket read before nats-py's parser (``_read_acks_first``); the
+dispatcher's CPU per JetStream event went from 8.5-9 us to about 7 us (docs/benchmarks.md).
 
 The fast paths use nats-py internals, checked against nats-py 2.16 (``_send_command``,
-``_flush_pending``, ``_flush_queue``, ``_process_msg``); when any is missing, :class:`Wire`
-falls back to ``publish()`` / ``subscribe()``: slower, same behaviour.  Header bytes are built
-by :mod:`.messages` from values that cannot hold CR or LF (see ``header_block``).
+``_flush_pending``, ``_flush_queue``, ``_process_msg``, and the parser ``_ps`` with its ``buf``
+and ``state``); when any is missing, :class:`Wire` falls back to ``publish()`` /
+``subscribe()`` (or leaves acks to nats-py's parser): slower, same behaviour.  Header bytes are
+built by :mod:`.messages` from values that cannot hold CR or LF (see ``header_block``).
 """
 
 from __future__ import annotations
