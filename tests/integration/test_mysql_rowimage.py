@@ -132,10 +132,12 @@ def test_decoder_gives_the_librarys_values_for_every_row(sql, open_source):
     reader, changes = source._reader, source._changes
     reader.set_deadline(time.monotonic() + 60)
     compared = {"types": 0, "more": 0}
+    maps_seen = {"types": [], "more": []}
     left_out_seen = False
     while True:
         event = reader.fetchone()
         if isinstance(event, TableMapEvent):
+            maps_seen.setdefault(event.table, []).append(event)
             changes.feed(event, reader.log_file, reader.log_pos)
             continue
         if not hasattr(event, "columns_present_bitmap"):
@@ -161,3 +163,7 @@ def test_decoder_gives_the_librarys_values_for_every_row(sql, open_source):
         compared[event.table] += len(ours)
     assert compared["types"] >= 4 + 150 + 20 + 50 and compared["more"] >= 150 + 50 + 50
     assert left_out_seen, "the minimal row images left no column out"
+    # Every transaction repeats its table's map; each distinct map is parsed once.
+    for table in ("types", "more"):
+        maps = maps_seen[table]
+        assert len(maps) > 100 and len({id(m) for m in maps}) == 1, table
