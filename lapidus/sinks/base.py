@@ -33,6 +33,12 @@ class Sink(abc.ABC):
     #: one instance serves every backend (stdout) instead of one per backend (nats)
     shared: bool = False
 
+    #: the dispatcher may hand this sink several queued batches as one delivery when they
+    #: wait behind it (worth it where each delivery ends with a wait, as for NATS acks).
+    #: Off by default: a delivery confirms all of its records or none, and a sink that can
+    #: stall partway (a pipe to a slow reader) confirms more, earlier, batch by batch.
+    merge_batches: bool = False
+
     def __init__(self, options: Mapping[str, Any], backend: str):
         self.options = dict(options)
         self.backend = backend

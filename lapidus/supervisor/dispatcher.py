@@ -64,8 +64,8 @@ class Pipeline:
         """Append the batches queued behind this one (up to ``merge_up_to`` in all).
 
         Batches queue up when the sinks are the slower side; delivering them together pays a
-        sink's per-delivery wait once (the last JetStream acks, the flush's round trip, the
-        write to standard output) instead of once per batch.  They come from one worker
+        sink's per-delivery wait once (the last JetStream acks, the flush's round trip)
+        instead of once per batch.  Only for sinks that allow it (``Sink.merge_batches``).  They come from one worker
         connection, in order, so the merged records keep that order, and the ack of the last
         one confirms all (acks are cumulative).  Only half the worker's in-flight window is
         merged: the worker keeps reading into the other half meanwhile.
@@ -131,9 +131,11 @@ class Dispatcher:
             backend = next(b for b in self.config.backends if b.name == backend_name)
             plugins = self.config.plugins_for(backend)
             sinks = [await self._sink(n, o, backend_name) for n, o in plugins.items()]
-            inflight = int(backend.options.get("max_inflight_batches", 8))
+            merge_up_to = 1
+            if sinks and all(sink.merge_batches for sink in sinks):
+                merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
             pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
-                                merge_up_to=max(1, inflight // 2))
+                                merge_up_to=merge_up_to)
             self.pipelines[backend_name] = pipeline
             task = asyncio.create_task(pipeline.run())
             task.add_done_callback(self._pipeline_done)

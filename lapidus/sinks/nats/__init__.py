@@ -31,6 +31,7 @@ if TYPE_CHECKING:      # nats-py is imported lazily: validation must work withou
 
 class NatsSink(Sink):
     shared = False
+    merge_batches = True     # one ack tail (JetStream) or flush (core) per merged delivery
 
     def __init__(self, options: Mapping[str, Any], backend: str):
         super().__init__(options, backend)
