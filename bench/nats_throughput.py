@@ -258,6 +258,19 @@ async def bare_loop(payloads, mode: str, stream: str) -> float:
     return last - started
 
 
+async def streams_capturing(subject: str) -> list:
+    """Names of the JetStream streams whose subjects take ``subject`` (a stream left behind
+    by an interrupted run would store the core-mode messages too and slow every run)."""
+    import nats
+    nc = await nats.connect(NATS_URL)
+    try:
+        infos = await nc.jetstream().streams_info()
+    finally:
+        await nc.close()
+    return [i.config.name for i in infos
+            if any(s in (subject, ">") for s in (i.config.subjects or []))]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -271,6 +284,10 @@ def main():
     if args.subscriber:
         count_messages(args.subscriber[0], int(args.subscriber[1]))
         return
+    leftover = asyncio.run(streams_capturing("bench.>"))
+    if leftover:
+        raise SystemExit(f"JetStream stream(s) {', '.join(leftover)} capture bench.> (left by an "
+                         f"interrupted run?): delete them first, e.g. `nats stream rm NAME`")
     modes = args.modes.split(",")
     if args.batch_size:
         BACKEND_EXTRA["batch_size"] = args.batch_size
