@@ -8,10 +8,11 @@ bytes (about 2 us for the same row).  Only the decoding is replaced: the connect
 framing, the table map parsing and every other event stay with the library.
 
 A reader returns the value already in its JSON form (docs/types-mysql.md), the same value the
-library's decoding followed by :func:`.values.convert_row` gives; ``tests/unit/test_mysql_rowimage``
-compares the two over rows of every supported type.  A table with a column type this module
-does not decode (MySQL binary JSON, pre-5.6 temporal formats) gets no decoder
-(:func:`compile_table` returns None) and goes the library's way.
+library's decoding followed by :func:`.values.convert_row` gives;
+``tests/integration/test_mysql_rowimage.py`` compares the two over rows of every supported type
+read from a real server.  A table with a column type this module does not decode (MySQL
+binary JSON, pre-5.6 temporal formats) gets no decoder (:func:`compile_table` returns None)
+and goes the library's way, as do MySQL's partial JSON updates (see ``ChangeStream._images``).
 
 Row image layout (MySQL ``Rows_log_event``): for each row, a null bitmap with one bit per
 column present in the event's columns-present bitmap, then the non-NULL values of the present
@@ -202,8 +203,6 @@ def _raw_reader(column: Any) -> Reader:
     if kind == FIELD_TYPE.TIMESTAMP2:
         return _temporal(4 + temporal.fraction_bytes(column.fsp), temporal.timestamp2_text,
                          column.fsp)
-    if kind == FIELD_TYPE.YEAR:
-        return _fixed("<B")     # the library adds 1900; its converter maps that back
     if kind == FIELD_TYPE.BIT:
         return _bit(column.bytes)
     raise Unsupported(kind)
@@ -227,7 +226,7 @@ def column_reader(column: Any, is_json_text: bool = False) -> Reader:
         read_byte = _fixed("<B")
 
         def read_year(data: bytes, pos: int) -> Tuple[int, int]:
-            value, end = read_byte(data, pos)
+            value, end = read_byte(data, pos)     # years since 1900; 0 is the year 0000
             return (value + 1900 if value else 0), end
         return read_year
     raw = _raw_reader(column)
