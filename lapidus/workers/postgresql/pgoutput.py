@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -215,12 +216,19 @@ def commit_time(microseconds: int) -> str:
     Written like PostgreSQL prints a timestamptz (and so like the wal2json path): fractional
     digits without trailing zeros, none for a whole second.
     """
-    t = _PG_EPOCH + _dt.timedelta(microseconds=microseconds)
-    text = (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
-            f"{t.second:02d}")
-    if t.microsecond:
-        text += "." + f"{t.microsecond:06d}".rstrip("0")
+    seconds, fraction = divmod(microseconds, 1_000_000)
+    text = _second_text(seconds)
+    if fraction:
+        text += "." + f"{fraction:06d}".rstrip("0")
     return text + "Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second_text(seconds: int) -> str:
+    """Date and time to the second, cached: small transactions come many to a second."""
+    t = _PG_EPOCH + _dt.timedelta(seconds=seconds)
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}")
 
 
 def message_content(raw: bytes) -> str:
