@@ -294,6 +294,7 @@ class TableDecoder:
         while pos < end:
             row, pos = image(data, pos, present)
             out.append(row)
+        _check_end(pos, end)
         return out
 
     def image_pairs(self, data: bytes, before: bytes, after: bytes) -> List[Tuple[Image, Image]]:
@@ -305,7 +306,16 @@ class TableDecoder:
             old, pos = image(data, pos, before)
             new, pos = image(data, pos, after)
             out.append((old, new))
+        _check_end(pos, end)
         return out
+
+
+def _check_end(pos: int, end: int) -> None:
+    """Slicing past the end of the data gives short values, not an error: a row image that
+    does not end where the event's data ends means the table map does not describe it."""
+    if pos != end:
+        raise ValueError(f"a rows event's row images take {pos} bytes but the event holds "
+                         f"{end}: its table map does not describe them")
 
 
 def compile_table(columns: Sequence[Any], json_columns=frozenset()) -> Optional[TableDecoder]:
