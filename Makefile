@@ -28,7 +28,12 @@ help:
 setup:
 	PYTHON='$(PYTHON)' bash scripts/setup-local
 
+# Byte-compiled like an installed package: the editable install leaves that to the first
+# import, which never writes it where PYTHONDONTWRITEBYTECODE is set (as on our machines), and
+# then every Lapidus process compiles its modules again at start (20-40 ms each). Only changed
+# files are compiled again.
 venv: $(VENV_STAMP)
+	@$(VENV)/bin/python -m compileall -q lapidus
 
 # The venv's interpreter marks that it exists: an existing venv is never recreated, only
 # brought up to date by the stamp rule below.
