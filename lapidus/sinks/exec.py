@@ -177,9 +177,17 @@ class ExecSink(Sink):
                 await self._reap("the command exited")
             if self.proc is None:
                 await self._spawn()
+            stdin = self.proc.stdin
             try:
-                self.proc.stdin.write(data)
-                await self.proc.stdin.drain()
+                stdin.write(data)
+                await stdin.drain()
+                if stdin.transport.is_closing():
+                    # asyncio drops a write to a pipe it already saw closing without a word,
+                    # and drain() can return before the loss reaches it (a subprocess pipe
+                    # reports it through two loop callbacks).  Nothing yields between write()
+                    # and here unless the pipe was closing at write(): the batch was not
+                    # written, so it is not confirmed.
+                    raise BrokenPipeError("its standard input is closed")
                 return
             except (BrokenPipeError, ConnectionResetError) as exc:
                 await self._reap(f"writing to its standard input failed: {exc}")
