@@ -268,4 +268,3 @@ def test_stream_buffer_reports_what_it_holds():
     assert buffer.read(2) == b"ab" and buffer.pending() == 4
     assert buffer.read(4) == b"cdef" and buffer.pending() == 0
     a.close(), b.close()
-
