@@ -50,9 +50,12 @@ def header_tail(backend: str, kind: str, position: str) -> bytes:
             f"Lapidus-Position: {_clean(position)}\r\n\r\n").encode()
 
 
+#: the header block up to the message id; a :func:`header_tail` follows the id
+HEADER_HEAD = b"NATS/1.0\r\nNats-Msg-Id: "
+
+
 def header_block(msg_id: str, backend: str, kind: str, position: str) -> bytes:
-    return b"NATS/1.0\r\nNats-Msg-Id: " + _clean(msg_id).encode() + header_tail(
-        backend, kind, position)
+    return HEADER_HEAD + _clean(msg_id).encode() + header_tail(backend, kind, position)
 
 
 class MessageBuilder:
@@ -79,8 +82,7 @@ class MessageBuilder:
             if tail is None:
                 tail = tails[(record.type, record.position)] = header_tail(
                     backend, record.type, record.position)
-            append(Message(subject, payload,
-                           b"NATS/1.0\r\nNats-Msg-Id: " + _clean(msg_id).encode() + tail,
+            append(Message(subject, payload, HEADER_HEAD + _clean(msg_id).encode() + tail,
                            msg_id, stored))
             if cache_prefix is not None:
                 verb = CACHE_VERBS.get(record.type)

@@ -55,7 +55,7 @@ class Frames:
         self.parts: list = []
         self.count = 0
         self.max_payload = max_payload
-        # False: keep (subject, reply, header, payload) for the public API's publish()
+        # False: parts are (subject, reply, header, payload) for the public API's publish()
         self.encoded = encoded
 
     def add(self, subject: str, reply: str, header: bytes, payload: bytes) -> None:
@@ -70,9 +70,6 @@ class Frames:
         else:
             self.parts.append((subject, reply, header, payload))
         self.count += 1
-
-    def messages(self) -> list:
-        return list(self.parts)
 
     def take(self) -> bytes:
         data = b"".join(self.parts)
@@ -89,27 +86,21 @@ class Wire:
         self.nc = nc
         self.fast = all(hasattr(nc, name) for name in _INTERNALS) if fast is None else fast
 
-    async def publish(self, subject: str, reply: str, header: bytes, payload: bytes) -> None:
-        """One message.  The caller has checked ``nc.is_connected``: nats-py's buffering
-        while reconnecting must not be used (see Connection._drop_unsent)."""
-        frames = self.frames()
-        frames.add(subject, reply, header, payload)
-        await self.send(frames)
-
     def frames(self) -> "Frames":
         """An empty run of messages to fill and hand to :meth:`send`."""
         return Frames(self.nc.max_payload, encoded=self.fast)
 
     async def send(self, frames: "Frames") -> None:
-        """Hand a run of messages to nats-py as one write (the caller checked
-        ``nc.is_connected``, as for :meth:`publish`); empties ``frames``."""
+        """Hand a run of messages to nats-py as one write; empties ``frames``.  The caller has
+        checked ``nc.is_connected``: nats-py's buffering while reconnecting must not be used
+        (see Connection._drop_unsent)."""
         if not frames.count:
             return
         nc = self.nc
         if nc.is_closed:
             raise nats.errors.ConnectionClosedError
         if not self.fast:
-            for subject, reply, header, payload in frames.messages():
+            for subject, reply, header, payload in frames.parts:
                 await nc.publish(subject, payload, reply=reply,
                                  headers=parse_header_block(header))
             frames.clear()
