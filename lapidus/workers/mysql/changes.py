@@ -30,12 +30,12 @@ from pymysqlreplication.row_event import (
 
 from ...events import Event
 from ..base import BackendError
+from ..utctime import utc_seconds_text
 from . import ddl
 from .position import MARIADB, Checkpoint, new_state
 from .reader import row_data
 from .rowimage import TableDecoder, compile_table
 from .scope import Scope
-from .temporal import utc_seconds_text
 from .values import TablePlan, build_plan, convert_row
 
 _MARIADB_STANDALONE = 0x01       # MariaDB GTID event flag: no COMMIT/XID follows

@@ -21,8 +21,8 @@ Zero and partly-zero dates keep their digits (``0000-00-00``, ``2026-00-15T10:00
 from __future__ import annotations
 
 import datetime as _dt
-import functools
-import time
+
+from ..utctime import utc_seconds_text
 
 EPOCH = _dt.datetime(1970, 1, 1)
 
@@ -128,14 +128,6 @@ def timestamp2_text(data: bytes, fsp: int) -> str:
         return "0000-00-00T00:00:00" + _fraction_text(0, fsp) + "Z"
     return utc_seconds_text(seconds) + _fraction_text(micro, fsp) + "Z"
 
-
-@functools.lru_cache(maxsize=1024)
-def utc_seconds_text(seconds: int) -> str:
-    """``YYYY-MM-DDTHH:MM:SS`` of seconds since the epoch, UTC.  Cached: the TIMESTAMPs of a
-    batch of rows often share their second (``now()`` in a bulk write)."""
-    t = time.gmtime(seconds)
-    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
-            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")
 
 
 def timedelta_text(value: _dt.timedelta, fsp: int = 0) -> str:

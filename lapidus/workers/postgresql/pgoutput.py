@@ -25,12 +25,11 @@ it needs (kill -9, restart), so ``R`` frames are also kept in a durable
 from __future__ import annotations
 
 import binascii
-import datetime as _dt
-import functools
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..utctime import utc_seconds_text
 from .decoding import Begin, Change, Commit
 from .types import (to_bool, to_float, to_int, to_numeric, to_text, to_timestamp,
                     to_timestamptz)
@@ -47,7 +46,7 @@ _NEWLINE = 0x0A
 # Replica identity settings as pgoutput sends them (pg_class.relreplident).
 IDENTITY_DEFAULT, IDENTITY_NOTHING, IDENTITY_FULL, IDENTITY_INDEX = "d", "n", "f", "i"
 
-_PG_EPOCH = _dt.datetime(2000, 1, 1)
+_PG_EPOCH_SECONDS = 946_684_800       # PostgreSQL's epoch, 2000-01-01 UTC, in Unix seconds
 
 
 class ProtocolError(ValueError):
@@ -217,18 +216,10 @@ def commit_time(microseconds: int) -> str:
     digits without trailing zeros, none for a whole second.
     """
     seconds, fraction = divmod(microseconds, 1_000_000)
-    text = _second_text(seconds)
+    text = utc_seconds_text(seconds + _PG_EPOCH_SECONDS)
     if fraction:
         text += "." + f"{fraction:06d}".rstrip("0")
     return text + "Z"
-
-
-@functools.lru_cache(maxsize=256)
-def _second_text(seconds: int) -> str:
-    """Date and time to the second, cached: small transactions come many to a second."""
-    t = _PG_EPOCH + _dt.timedelta(seconds=seconds)
-    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
-            f"{t.second:02d}")
 
 
 def message_content(raw: bytes) -> str:
