@@ -21,6 +21,32 @@ import psutil
 from .waiting import ChaosTimeout, wait_for
 
 
+
+def stop_group(proc: subprocess.Popen, timeout: float) -> Optional[int]:
+    """SIGTERM a Lapidus started in its own session, wait up to ``timeout`` seconds, then
+    SIGKILL whatever is left of its process group; returns the exit status (None when it had
+    to be killed).  Also used by the integration tests' Lapidus fixture."""
+    try:
+        group = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        group = None
+    code = proc.poll()
+    if code is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+    if group is not None:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+    return code
+
 class LapidusProcess:
     def __init__(self, config: dict, workdir: Path):
         self.workdir = workdir
@@ -79,26 +105,7 @@ class LapidusProcess:
         """TERM, wait, then KILL the whole process group; returns the exit status."""
         if self.proc is None:
             return None
-        try:
-            group = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            group = None
-        code = self.proc.poll()
-        if code is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                code = None
-        if group is not None:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        return code
+        return stop_group(self.proc, timeout)
 
     # -- processes ---------------------------------------------------------------------------
 

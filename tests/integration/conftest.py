@@ -20,6 +20,7 @@ import psutil
 import psycopg2
 import pytest
 
+from bench.chaos.lapidus import stop_group
 from tests.conftest import wait_until
 
 PG = dict(host="127.0.0.1", port=5432, user="postgres")
@@ -173,26 +174,8 @@ class LapidusProcess:
         self.proc.wait(10)
 
     def cleanup(self):
-        if self.proc is None:
-            return
-        try:
-            group = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            group = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        if group is not None:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.proc is not None:
+            stop_group(self.proc, 15)
 
 
 @pytest.fixture
