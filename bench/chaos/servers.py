@@ -49,6 +49,20 @@ def port_open(port: int, host: str = HOST) -> bool:
         return False
 
 
+def nats_server_on(port: int) -> Optional[psutil.Process]:
+    """The nats-server process listening on ``port``, however it was started."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port \
+                and conn.pid:
+            try:
+                proc = psutil.Process(conn.pid)
+                if "nats-server" in proc.name():
+                    return proc
+            except psutil.NoSuchProcess:
+                continue
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
@@ -225,16 +239,7 @@ class NatsServer:
             if self.proc is not None and self.proc.poll() is None:
                 return psutil.Process(self.proc.pid)
             return None
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr \
-                    and conn.laddr.port == self.port and conn.pid:
-                try:
-                    proc = psutil.Process(conn.pid)
-                    if "nats-server" in proc.name():
-                        return proc
-                except psutil.NoSuchProcess:
-                    continue
-        return None
+        return nats_server_on(self.port)
 
     def stop(self, timeout: float = 30.0) -> None:
         proc = self.process()

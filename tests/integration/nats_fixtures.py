@@ -24,6 +24,8 @@ import nats.js.errors
 import psutil
 import pytest
 
+from bench.chaos import servers
+from bench.chaos.servers import nats_server_on
 from tests.conftest import wait_until
 
 URL = "nats://127.0.0.1:4222"
@@ -175,24 +177,11 @@ def stream(subjects: List[str], name: Optional[str] = None):
 
 def server_process() -> Optional[psutil.Process]:
     """The nats-server listening on port 4222 (however it was started)."""
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == 4222 \
-                and conn.pid:
-            try:
-                proc = psutil.Process(conn.pid)
-                if "nats-server" in proc.name():
-                    return proc
-            except psutil.NoSuchProcess:
-                continue
-    return None
+    return nats_server_on(4222)
 
 
 def port_open(port: int = 4222) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+    return servers.port_open(port)
 
 
 def jetstream_ready() -> bool:
