@@ -359,16 +359,14 @@ def subscriber_main(spec: str, expected: int, deadline: float, out: str) -> None
     print("done", flush=True)
 
 
-class Subscriber:
-    def __init__(self, subs: Dict[str, str], expected: int, deadline: float, out: Path):
+class RecordingProcess:
+    """This script run as a helper process that pickles its records into ``out`` and prints
+    "done" when it has them all."""
+
+    def __init__(self, args: List[str], out: Path):
         self.out = out
-        spec = ",".join(f"{sid}={subject}" for sid, subject in subs.items())
-        self.proc = subprocess.Popen([sys.executable, __file__, "--subscriber", spec,
-                                      str(expected), str(deadline), str(out)],
+        self.proc = subprocess.Popen([sys.executable, __file__, *args, str(out)],
                                      stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().strip()
-        if line != "ready":
-            raise RuntimeError(f"subscriber did not start: {line!r}")
 
     def records(self, timeout: float) -> list:
         self.proc.stdout.readline()
@@ -380,6 +378,15 @@ class Subscriber:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Subscriber(RecordingProcess):
+    def __init__(self, subs: Dict[str, str], expected: int, deadline: float, out: Path):
+        spec = ",".join(f"{sid}={subject}" for sid, subject in subs.items())
+        super().__init__(["--subscriber", spec, str(expected), str(deadline)], out)
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"subscriber did not start: {line!r}")
 
 
 # ----------------------------------------------------------------------------- floor readers
@@ -459,23 +466,9 @@ def floor_main(backend: str, expected: int, deadline: float, out: str) -> None:
     os._exit(0)
 
 
-class Floor:
+class Floor(RecordingProcess):
     def __init__(self, backend: str, expected: int, deadline: float, out: Path):
-        self.out = out
-        self.proc = subprocess.Popen([sys.executable, __file__, "--floor", backend,
-                                      str(expected), str(deadline), str(out)],
-                                     stdout=subprocess.PIPE, text=True)
-
-    def records(self, timeout: float) -> list:
-        self.proc.stdout.readline()
-        self.proc.wait(timeout)
-        with open(self.out, "rb") as f:
-            return pickle.load(f)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(["--floor", backend, str(expected), str(deadline)], out)
 
 
 _WARM_UP_IDS = itertools.count(1)

@@ -103,6 +103,13 @@ def stream_size(url: str, stream: str) -> int:
 
 # -- the comparison -------------------------------------------------------------------------------
 
+def keep_example(examples: Dict[str, List[str]], kind: str, text: str) -> None:
+    """Keep ``text`` as an example of ``kind`` unless EXAMPLES of it are kept already."""
+    shown = examples.setdefault(kind, [])
+    if len(shown) < EXAMPLES:
+        shown.append(text)
+
+
 @dataclass
 class BackendReport:
     backend: str
@@ -121,9 +128,7 @@ class BackendReport:
     examples: Dict[str, List[str]] = field(default_factory=dict)
 
     def example(self, kind: str, text: str) -> None:
-        shown = self.examples.setdefault(kind, [])
-        if len(shown) < EXAMPLES:
-            shown.append(text)
+        keep_example(self.examples, kind, text)
 
     @property
     def ok(self) -> bool:
@@ -144,9 +149,7 @@ class CheckReport:
     examples: Dict[str, List[str]] = field(default_factory=dict)
 
     def example(self, kind: str, text: str) -> None:
-        shown = self.examples.setdefault(kind, [])
-        if len(shown) < EXAMPLES:
-            shown.append(text)
+        keep_example(self.examples, kind, text)
 
     @property
     def lost(self) -> int:
