@@ -71,6 +71,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import psutil  # noqa: E402
 
+from nats_wire import CONNECT, answer_control, read_items  # noqa: E402
 from pg_drain import connect as pg_connect, sql  # noqa: E402
 from mysql_drain import connect as mysql_connect, query  # noqa: E402
 
@@ -305,7 +306,7 @@ def subscriber_main(spec: str, expected: int, deadline: float, out: str) -> None
     primary = subs[0][0].encode()
     sock = socket.create_connection(NATS)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
+    sock.sendall(CONNECT
                  + b"".join(f"SUB {subject} {sid}\r\n".encode() for sid, subject in subs)
                  + b"PING\r\n")
     sock.settimeout(0.5)
@@ -322,38 +323,22 @@ def subscriber_main(spec: str, expected: int, deadline: float, out: str) -> None
         if not data:
             break
         buf += data
-        pos = 0
-        while True:
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                break
-            line = bytes(buf[pos:end])
-            if line.startswith(b"HMSG ") or line.startswith(b"MSG "):
-                parts = line.split(b" ")
-                size = int(parts[-1])
-                headers = int(parts[-2]) if parts[0] == b"HMSG" else 0
-                if len(buf) < end + 2 + size + 2:
-                    break
-                payload = bytes(buf[end + 2 + headers:end + 2 + size])
-                pos = end + 2 + size + 2
-                sid = parts[2]
-                try:
-                    row_id = int(parts[1].rsplit(b".", 1)[1])
-                except ValueError:
-                    row_id = None
-                records.append((sid.decode(), now, row_id, payload))
-                if sid == primary and row_id is not None and row_id >= 0:
-                    seen += 1
+        items, used = read_items(buf)
+        for line, headers, start, end in items:
+            if start < 0:
+                ready = answer_control(sock, line, ready)
                 continue
-            pos = end + 2
-            if line == b"PING":
-                sock.sendall(b"PONG\r\n")
-            elif line == b"PONG" and not ready:
-                ready = True
-                print("ready", flush=True)
-            elif line.startswith(b"-ERR"):
-                raise SystemExit(f"subscriber: {line!r}")
-        del buf[:pos]
+            parts = line.split(b" ")
+            payload = bytes(buf[start + headers:end])
+            sid = parts[2]
+            try:
+                row_id = int(parts[1].rsplit(b".", 1)[1])
+            except ValueError:
+                row_id = None
+            records.append((sid.decode(), now, row_id, payload))
+            if sid == primary and row_id is not None and row_id >= 0:
+                seen += 1
+        del buf[:used]
     with open(out, "wb") as f:
         pickle.dump(records, f)
     print("done", flush=True)

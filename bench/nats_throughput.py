@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from nats_wire import CONNECT, answer_control, read_items  # noqa: E402
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 
 NATS = ("127.0.0.1", int(os.environ.get("BENCH_NATS_PORT", "4222")))
@@ -56,8 +57,7 @@ def count_messages(subject: str, expected: int) -> None:
     """Subscriber process: prints "ready", then the CLOCK_MONOTONIC time of message ``expected``
     and of the first one.  Parses the NATS protocol by hand (MSG/HMSG sizes) to stay cheap."""
     sock = socket.create_connection(NATS)
-    sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
-                 + f"SUB {subject} 1\r\nPING\r\n".encode())
+    sock.sendall(CONNECT + f"SUB {subject} 1\r\nPING\r\n".encode())
     buf = bytearray()
     seen, first, ready = 0, None, False
     while seen < expected:
@@ -65,30 +65,15 @@ def count_messages(subject: str, expected: int) -> None:
         if not data:
             raise SystemExit("subscriber: connection closed")
         buf += data
-        pos = 0
-        while True:
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                break
-            line = bytes(buf[pos:end])
-            if line.startswith(b"HMSG ") or line.startswith(b"MSG "):
-                size = int(line.rsplit(b" ", 1)[1])
-                if len(buf) < end + 2 + size + 2:
-                    break            # the payload is not complete yet
-                pos = end + 2 + size + 2
-                seen += 1
-                if first is None:
-                    first = time.monotonic()
+        items, used = read_items(buf)
+        for line, _, start, _ in items:
+            if start < 0:
+                ready = answer_control(sock, line, ready)
                 continue
-            pos = end + 2
-            if line == b"PING":
-                sock.sendall(b"PONG\r\n")
-            elif line == b"PONG" and not ready:
-                ready = True
-                print("ready", flush=True)
-            elif line.startswith(b"-ERR"):
-                raise SystemExit(f"subscriber: {line!r}")
-        del buf[:pos]
+            seen += 1
+            if first is None:
+                first = time.monotonic()
+        del buf[:used]
     print(f"done {time.monotonic():.6f} {first:.6f}", flush=True)
 
 
