@@ -11,7 +11,8 @@ from lapidus.workers.postgresql.spool import Spool, SpoolReader, segment_name
 
 
 class LineDecoder:
-    """Framing like Wal2JsonDecoder.split: one frame per line, the newline not included."""
+    """Framing like Wal2JsonDecoder's: one frame per line, the newline not included; each
+    frame "decodes" to itself."""
 
     def split(self, data: bytes):
         end = data.rfind(b"\n")
@@ -19,8 +20,27 @@ class LineDecoder:
             return (), 0
         return data[:end].split(b"\n"), end + 1
 
+    def decode_run(self, data: bytes, pos: int, limit: int, origin):
+        out = []
+        while len(out) < limit:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break
+            out.append((data[pos:end], end + 1 - pos))
+            pos = end + 1
+        return out, pos
+
 
 DECODER = LineDecoder()
+
+
+def read_frames(reader: SpoolReader, decoder=DECODER, limit: int = 1000) -> list:
+    """The frames the reader hands out now (not yet consumed)."""
+    return [frame for frame, _ in reader.read_messages(decoder, limit)]
+
+
+def consume(reader: SpoolReader, frame: bytes) -> None:
+    reader.consumed(len(frame) + 1)
 
 
 @pytest.fixture
@@ -45,11 +65,11 @@ def read_all(reader: SpoolReader) -> list:
     """Every frame available now, each marked consumed (what the worker does)."""
     out = []
     while True:
-        frames = reader.read_frames(DECODER)
+        frames = read_frames(reader)
         if not frames:
             return out
         for frame in frames:
-            reader.consumed(frame)
+            consume(reader, frame)
             out.append(frame)
 
 
@@ -124,11 +144,11 @@ def test_rotate_creates_the_next_segment_only_when_asked(spool):
 def test_reader_leaves_a_fully_read_segment_once_the_next_is_created(spool):
     write_active(spool, b"a\nb\n")
     reader = SpoolReader(spool, 1, 0)
-    frames = reader.read_frames(LineDecoder())
+    frames = read_frames(reader)
     for frame in frames:
-        reader.consumed(frame)
+        consume(reader, frame)
     spool.rotate(create=True)
-    assert reader.read_frames(LineDecoder()) == []
+    assert read_frames(reader) == []
     assert reader.segment == 2 and reader.offset == 0
     assert spool.delete_before(reader.segment) == 1
 
@@ -178,31 +198,43 @@ def test_reader_returns_complete_frames_in_order(spool):
 
 def test_reader_has_nothing_while_the_segment_does_not_exist(spool):
     reader = SpoolReader(spool, 1, 0)
-    assert reader.read_frames(DECODER) == []
+    assert read_frames(reader) == []
     write_active(spool, b"a\n")
-    assert reader.read_frames(DECODER) == [b"a"]
+    assert read_frames(reader) == [b"a"]
 
 
 def test_partial_last_line_is_held_back_until_completed(spool):
     reader = SpoolReader(spool, 1, 0)
     write_active(spool, b"a\nbc")
     assert read_all(reader) == [b"a"]
-    assert reader.read_frames(DECODER) == []
+    assert read_frames(reader) == []
     write_active(spool, b"d\ne")
     assert read_all(reader) == [b"bcd"]
     write_active(spool, b"\n")
     assert read_all(reader) == [b"e"]
 
 
+def test_messages_come_in_runs_of_at_most_limit_continuing_in_the_buffer(spool):
+    write_active(spool, b"a\nb\nc\nd")
+    reader = SpoolReader(spool, 1, 0)
+    assert read_frames(reader, limit=2) == [b"a", b"b"]
+    assert read_frames(reader, limit=2) == [b"c"]
+    assert read_frames(reader, limit=2) == []
+    write_active(spool, b"e\nf\n")
+    assert read_frames(reader, limit=1) == [b"de"]
+    assert read_frames(reader, limit=1) == [b"f"]
+    assert reader.offset == 0                 # handed out, none consumed: the checkpoint stays
+
+
 def test_consumed_moves_offset_past_the_frame_and_its_newline(spool):
     write_active(spool, b"a\nbcd\n")
     reader = SpoolReader(spool, 1, 0)
-    frames = reader.read_frames(DECODER)
+    frames = read_frames(reader)
     assert frames == [b"a", b"bcd"]
     assert reader.offset == 0                 # nothing consumed yet
-    reader.consumed(frames[0])
+    consume(reader, frames[0])
     assert reader.offset == 2
-    reader.consumed(frames[1])
+    consume(reader, frames[1])
     assert reader.offset == 6 == spool.path(1).stat().st_size
 
 
@@ -236,13 +268,13 @@ def test_reader_moves_to_next_segment_only_once_it_exists(spool):
     write_active(spool, b"a\n")
     assert read_all(reader) == [b"a"]
     spool.rotate()                            # SIGHUP not handled yet: no segment 2 file
-    assert reader.read_frames(DECODER) == []
+    assert read_frames(reader) == []
     assert (reader.segment, reader.offset) == (1, 2)
     write_active(spool, b"b\n")               # pg_recvlogical reopened active
-    frames = reader.read_frames(DECODER)
+    frames = read_frames(reader)
     assert frames == [b"b"]
     assert (reader.segment, reader.offset) == (2, 0)
-    reader.consumed(frames[0])
+    consume(reader, frames[0])
     assert reader.offset == 2
 
 
@@ -253,11 +285,11 @@ def test_reader_reads_the_last_bytes_of_the_old_segment_before_switching(spool):
     append(spool, 1, b"b\nc\n")                # written just before the reopen ...
     spool.rotate()
     write_active(spool, b"d\n")                # ... and the next segment exists now
-    frames = reader.read_frames(DECODER)
+    frames = read_frames(reader)
     assert frames == [b"b", b"c"]
     assert reader.segment == 1
     for frame in frames:
-        reader.consumed(frame)
+        consume(reader, frame)
     assert read_all(reader) == [b"d"]
     assert reader.segment == 2
 
@@ -289,9 +321,9 @@ def test_bytes_written_to_old_segment_between_eof_and_rotation_are_not_lost(tmp_
         write_active(spool, b"next\n")
 
     spool.race = last_write_then_reopen
-    assert reader.read_frames(DECODER) == [b"late"]
+    assert read_frames(reader) == [b"late"]
     assert reader.segment == 1
-    reader.consumed(b"late")
+    consume(reader, b"late")
     assert read_all(reader) == [b"next"]
     assert reader.segment == 2
 
@@ -308,9 +340,9 @@ def test_sealed_segment_ending_in_an_incomplete_frame_is_an_error(spool):
     write_active(spool, b"a\nbro")
     spool.rotate()
     write_active(spool, b"c\n")
-    assert reader.read_frames(DECODER) == [b"a"]
+    assert read_frames(reader) == [b"a"]
     with pytest.raises(RuntimeError, match="000000000001.seg.*incomplete frame"):
-        reader.read_frames(DECODER)
+        read_frames(reader)
 
 
 # -- repairing a half-written tail -------------------------------------------------------

@@ -8,6 +8,7 @@ one newline).  No server needed.
 from __future__ import annotations
 
 import decimal
+import json
 import struct
 
 import pytest
@@ -444,6 +445,66 @@ def test_split_byte_by_byte_like_a_slow_writer():
     assert frames == messages and pending == b""
 
 
+def decoded_whole(decoder, data: bytes) -> list:
+    """What decode() gives for each frame of ``data`` (framed by split)."""
+    frames, _ = decoder.split(data)
+    return [decoder.decode(frame) for frame in frames]
+
+
+def test_decode_run_at_every_chunk_boundary_gives_what_framing_then_decoding_gives():
+    data = spool(*session())
+    expected = decoded_whole(make_decoder(), data)
+    for cut in range(len(data) + 1):
+        decoder = make_decoder()
+        first, used = decoder.decode_run(data[:cut], 0, 1000, (1, 0))
+        rest, end = decoder.decode_run(data, used, 1000, (1, 0))
+        assert [m for m, _ in first + rest] == expected, cut
+        assert end == len(data)
+        assert sum(size for _, size in first + rest) == len(data)
+        # what is used always ends right after a newline: a frame boundary
+        assert used == 0 or data[used - 1:used] == b"\n"
+
+
+def test_decode_run_takes_at_most_limit_messages_and_says_where_it_stopped():
+    messages = session()
+    data = spool(*messages)
+    decoder, got, pos = make_decoder(), [], 0
+    while True:
+        run, pos = decoder.decode_run(data, pos, 2, (1, 0))
+        if not run:
+            break
+        assert len(run) <= 2
+        got += run
+    assert [size for _, size in got] == [len(m) + 1 for m in messages]
+    assert [m for m, _ in got] == decoded_whole(make_decoder(), data)
+
+
+def test_decode_run_waits_for_a_value_cut_inside_and_refuses_a_whole_bad_one():
+    decoder = make_decoder()
+    decoder.decode(ITEMS_R)
+    row = insert(ITEMS, ["12345", "a", "1", "x"])
+    value = row.index(b"12345")
+    for cut in (value, value + 2, len(row)):
+        # a half (or empty) integer is never turned into an error or an event, nor is a
+        # whole message whose newline is still to come
+        assert decoder.decode_run(row[:cut], 0, 10, (1, 0)) == ([], 0), cut
+    [(change, size)], used = decoder.decode_run(row + b"\n", 0, 10, (1, 0))
+    assert change.item["id"] == 12345 and size == used == len(row) + 1
+    bad = insert(ITEMS, ["x1", "a", "1", "x"])                  # not an integer
+    with pytest.raises(ValueError):
+        decoder.decode_run(bad + b"\n", 0, 10, (1, 0))
+
+
+def test_decode_run_refuses_a_message_without_its_newline():
+    decoder = make_decoder()
+    with pytest.raises(ProtocolError, match="not followed by the newline"):
+        decoder.decode_run(begin(1, 0, 1) + b"X" + begin(2, 0, 2) + b"\n", 0, 10, (1, 0))
+    decoder.decode(ITEMS_R)
+    row = insert(ITEMS, ["1", "a", "1", "x"])
+    with pytest.raises(ProtocolError, match="not followed by the newline"):
+        decoder.decode_run(row + b"X" + row + b"\n", 0, 10, (1, 0))
+
+
 def test_message_complete_but_its_newline_not_yet_written_stays():
     message = insert(ITEMS, ["1", "a", "1", "x"])
     assert split_messages(message) == ([], 0)
@@ -498,14 +559,19 @@ def test_session_becomes_events_with_ids_from_the_commit_lsn():
 
 # -- the durable relation log ----------------------------------------------------------------
 
+def log_relation(decoder: PgOutputDecoder, frame: bytes, position) -> None:
+    """Decode ``frame`` as the spool reader would find it at ``position`` (segment, offset)."""
+    data = b"\0" * position[1] + spool(frame)
+    messages, used = decoder.decode_run(data, position[1], 10, (position[0], 0))
+    assert messages == [(None, len(frame) + 1)] and used == len(data)
+
+
 def test_relation_frames_are_logged_with_their_spool_position(tmp_path):
     path = tmp_path / "relations.jsonl"
-    position = [(3, 100)]
-    decoder = make_decoder(log=RelationLog(path, None), position=lambda: position[0])
-    decoder.decode(ITEMS_R)
-    position[0] = (3, 200)
-    decoder.decode(ITEMS_R)                     # resent unchanged: not logged again
-    assert len(path.read_text().splitlines()) == 1
+    decoder = make_decoder(log=RelationLog(path, None))
+    log_relation(decoder, ITEMS_R, (3, 100))
+    log_relation(decoder, ITEMS_R, (3, 200))    # resent unchanged: not logged again
+    assert [json.loads(line)["offset"] for line in path.read_text().splitlines()] == [100]
     # a worker resuming after the frame (its segment may be gone) still knows the table
     again = make_decoder(log=RelationLog(path, (4, 0)))
     assert again.decode(insert(ITEMS, ["1", "a", "1", "x"])).table == "items"
@@ -513,32 +579,30 @@ def test_relation_frames_are_logged_with_their_spool_position(tmp_path):
 
 def test_relation_log_keeps_what_was_in_force_at_the_resume_position(tmp_path):
     path = tmp_path / "relations.jsonl"
-    position = [(1, 0)]
-    decoder = make_decoder(log=RelationLog(path, None), position=lambda: position[0])
-    decoder.decode(ITEMS_R)
-    position[0] = (2, 500)
+    decoder = make_decoder(log=RelationLog(path, None))
+    log_relation(decoder, ITEMS_R, (1, 0))
     newer = relation(ITEMS, "public", "items", ITEMS_COLUMNS + [("added", INT4, False)])
-    decoder.decode(newer)
+    log_relation(decoder, newer, (2, 500))
     # resuming between the two: the older description, and the newer is dropped from the file
     resumed = make_decoder(log=RelationLog(path, (2, 100)))
     assert resumed.decode(insert(ITEMS, ["1", "a", "1", "x"])).item["body"] == "x"
     assert len(path.read_text().splitlines()) == 1
     # resuming after both: the newer one
-    make_decoder(log=RelationLog(path, None), position=lambda: (2, 500)).decode(newer)
+    log_relation(make_decoder(log=RelationLog(path, None)), newer, (2, 500))
     resumed = make_decoder(log=RelationLog(path, (2, 501)))
     assert resumed.decode(insert(ITEMS, ["1", "a", "1", "x", "7"])).item["added"] == 7
 
 
 def test_relation_log_is_emptied_when_the_spool_is_read_from_its_start(tmp_path):
     path = tmp_path / "relations.jsonl"
-    make_decoder(log=RelationLog(path, None), position=lambda: (1, 0)).decode(ITEMS_R)
+    log_relation(make_decoder(log=RelationLog(path, None)), ITEMS_R, (1, 0))
     assert RelationLog(path, None).frames() == []
     assert path.read_text() == ""
 
 
 def test_relation_log_ignores_a_last_line_torn_by_a_crash(tmp_path):
     path = tmp_path / "relations.jsonl"
-    make_decoder(log=RelationLog(path, None), position=lambda: (1, 0)).decode(ITEMS_R)
+    log_relation(make_decoder(log=RelationLog(path, None)), ITEMS_R, (1, 0))
     with open(path, "ab") as f:
         f.write(b'{"segment": 1, "offset": 9, "fra')
     assert RelationLog(path, (2, 0)).frames() == [ITEMS_R]

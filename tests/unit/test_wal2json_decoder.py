@@ -327,6 +327,16 @@ def test_split_returns_complete_lines_and_the_bytes_they_used():
     assert (list(frames), used) == ([], 0)
 
 
+def test_decode_run_decodes_complete_lines_up_to_the_limit():
+    decoder = make_decoder()
+    data = BEGIN_731 + b"\n" + COMMIT_731 + b"\n" + BEGIN_731[:10]
+    run, pos = decoder.decode_run(data, 0, 1, (1, 0))
+    assert [type(m) for m, _ in run] == [Begin] and pos == len(BEGIN_731) + 1
+    run, pos = decoder.decode_run(data, pos, 5, (1, 0))
+    assert [(type(m), size) for m, size in run] == [(Commit, len(COMMIT_731) + 1)]
+    assert decoder.decode_run(data, pos, 5, (1, 0)) == ([], pos)     # the cut line waits
+
+
 def test_recorded_spool_splits_into_the_recorded_lines():
     data = b"\n".join(SESSION) + b"\n"
     frames, used = make_decoder().split(data)

@@ -77,6 +77,13 @@ class Decoder(Protocol):
         used (including the newline ``pg_recvlogical`` writes after each message); the rest of
         ``data`` is an incomplete frame to be completed by the next read."""
 
+    def decode_run(self, data: bytes, pos: int, limit: int,
+                   origin: Tuple[int, int]) -> Tuple[List[Tuple[Message, int]], int]:
+        """Frame and decode up to ``limit`` complete messages of ``data`` from ``pos``: each
+        with the bytes it used (newline included), and the position after the last one.
+        ``origin`` is the spool position (segment, offset) of ``data[0]``.  What the spool
+        reader calls; ``split`` frames without decoding (cutting a half-written tail)."""
+
     def decode(self, frame: bytes) -> Message:
         """One frame to a message, a list of them (pgoutput's TRUNCATE of several tables is
         one frame and one event per table), or ``None`` for frames that produce no event."""

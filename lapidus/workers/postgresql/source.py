@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import time
 from pathlib import Path
-from typing import Any, Deque, List, Optional
+from typing import Any, Deque, List, Optional, Tuple
 
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
@@ -38,12 +38,11 @@ FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentic
 
 def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict, *,
                  publication: Optional[str] = None, server_version: int = 150000,
-                 relation_log=None, position=None, warn=None):
+                 relation_log=None, warn=None):
     """The decoder for ``name`` (``pgoutput`` or ``wal2json``; ``auto`` is resolved before).
 
     pgoutput also takes the publication, the server version (its ``messages`` option exists
-    from PostgreSQL 14 on), its durable relation log, where in the spool the frame being
-    decoded starts (``position()``), and a logger's ``warn``.
+    from PostgreSQL 14 on), its durable relation log and a logger's ``warn``.
     """
     messages = options.get("messages", True)
     if name == "wal2json":
@@ -55,7 +54,7 @@ def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options
         return PgOutputDecoder(
             catalog, table_filter, publication or "", messages=messages,
             server_version=server_version, relations=CatalogRelations(catalog.conn),
-            log=relation_log, position=position, warn=warn)
+            log=relation_log, warn=warn)
     raise BackendError(f"unknown PostgreSQL decoder {name!r} (expected pgoutput or wal2json)",
                        fatal=True)
 
@@ -72,7 +71,8 @@ class PostgresSource(Source):
         self.child: Optional[RecvLogical] = None
         self.reader: Optional[SpoolReader] = None
         self.watch: Optional[DirectoryWatch] = None
-        self.frames: Deque[bytes] = collections.deque()
+        # decoded messages not yet fed, each with its size in the spool
+        self.decoded: Deque[Tuple[Any, int]] = collections.deque()
         self.assembler: Optional[TransactionAssembler] = None
         self.deaths = 0
         self.next_spawn = 0.0
@@ -123,7 +123,6 @@ class PostgresSource(Source):
         self.decoder = make_decoder(
             decoder_name, self.catalog, table_filter, self.options, publication=publication,
             server_version=conn.server_version, relation_log=relation_log,
-            position=lambda: (self.reader.segment, self.reader.offset),
             warn=self.log.warning)
 
         start_segment = checkpoint["segment"] if checkpoint else None
@@ -187,21 +186,20 @@ class PostgresSource(Source):
             self.watch.wait(min(remaining, 0.25))
 
     def _consume(self, events: List, max_events: int) -> bool:
-        """Decode frames into ``events``; True when at least one frame was consumed."""
-        frames, reader, decode, feed = self.frames, self.reader, self.decoder.decode, \
-            self.assembler.feed
+        """Decode spooled messages into ``events``; True when at least one was consumed."""
+        decoded, reader, feed = self.decoded, self.reader, self.assembler.feed
         # Moving on to the next segment counts as progress even without a frame: the new
         # checkpoint is what lets the finished segment be deleted (and a paused
         # pg_recvlogical resume once the spool is below its cap).
         segment_before = reader.segment
         consumed = False
         while len(events) < max_events:
-            if not frames:
-                frames.extend(reader.read_frames(self.decoder))
-                if not frames:
+            if not decoded:
+                # Decoded a run ahead, at most what this batch can take: memory stays bounded.
+                decoded.extend(reader.read_messages(self.decoder, max_events - len(events)))
+                if not decoded:
                     break
-            frame = frames.popleft()
-            message = decode(frame)
+            message, size = decoded.popleft()
             if message is not None:
                 if message.__class__ is list:
                     # pgoutput: one TRUNCATE of several tables is one frame, one event each
@@ -209,7 +207,7 @@ class PostgresSource(Source):
                         feed(each, events)
                 else:
                     feed(message, events)
-            reader.consumed(frame)
+            reader.consumed(size)
             consumed = True
         return consumed or reader.segment != segment_before
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 from ...checkpoint import fsync_dir
 
@@ -128,10 +128,11 @@ class Spool:
 
 
 class SpoolReader:
-    """Reads frames of the spool in order, across segment rotations.
+    """Reads the spool's messages in order, across segment rotations.
 
-    ``segment``/``offset`` is the position after the last frame handed out; it is what the
-    worker checkpoints.
+    ``segment``/``offset`` is the position after the last message consumed; it is what the
+    worker checkpoints.  Messages are decoded a run at a time (see :meth:`read_messages`)
+    straight from the bytes read, which stay in one buffer until all its messages are out.
     """
 
     CHUNK = 4 << 20
@@ -139,9 +140,11 @@ class SpoolReader:
     def __init__(self, spool: Spool, segment: int, offset: int):
         self.spool = spool
         self.segment = segment
-        self.offset = offset            # end of the last frame handed out
+        self.offset = offset            # end of the last message consumed
         self._read_offset = offset      # bytes of the segment read from disk so far
-        self._pending = b""             # read but not yet a complete frame
+        self._buffer = b""              # read from the segment, from _buffer_offset on
+        self._buffer_offset = offset
+        self._pos = 0                   # in _buffer: the first byte not yet decoded
         self._fd: Optional[int] = None
 
     def close(self) -> None:
@@ -157,9 +160,16 @@ class SpoolReader:
                 return False
         return True
 
-    def read_frames(self, decoder) -> List[bytes]:
-        """All complete frames that are available now (possibly none)."""
+    def read_messages(self, decoder, limit: int) -> List[Tuple[Any, int]]:
+        """Up to ``limit`` complete messages available now (possibly none), each decoded and
+        with the spool bytes it used: ``consumed(size)`` once it is processed."""
         while True:
+            if self._pos < len(self._buffer):
+                messages, self._pos = decoder.decode_run(
+                    self._buffer, self._pos, limit,
+                    (self.segment, self._buffer_offset))
+                if messages:
+                    return messages
             if not self._open():
                 if not self._advance_if_sealed():
                     return []
@@ -167,18 +177,18 @@ class SpoolReader:
             data = os.pread(self._fd, self.CHUNK, self._read_offset)
             if data:
                 self._read_offset += len(data)
-                buf = self._pending + data if self._pending else data
-                frames, used = decoder.split(buf)
-                self._pending = buf[used:]
-                if frames:
-                    return list(frames)
+                # Keep only the incomplete tail of the old buffer (at most one message).
+                rest = self._buffer[self._pos:]
+                self._buffer_offset += self._pos
+                self._buffer = rest + data if rest else data
+                self._pos = 0
                 continue
             if not self._advance_if_sealed():
                 return []
 
-    def consumed(self, frame: bytes) -> None:
-        """Mark one frame returned by :meth:`read_frames` as processed."""
-        self.offset += len(frame) + 1
+    def consumed(self, size: int) -> None:
+        """Mark one message returned by :meth:`read_messages` (``size`` bytes) processed."""
+        self.offset += size
 
     def _advance_if_sealed(self) -> bool:
         """At the end of the current segment: move on when a later segment exists."""
@@ -189,16 +199,17 @@ class SpoolReader:
             # The next segment exists, so this one is final: read its last bytes first.
             if os.pread(self._fd, 1, self._read_offset):
                 return True
-        if self._pending:
+        if self._pos < len(self._buffer):
             raise RuntimeError(
                 f"spool segment {self.spool.path(self.segment)} ends in an incomplete frame")
         self.close()
         self.segment, self.offset, self._read_offset = later[0], 0, 0
+        self._buffer, self._buffer_offset, self._pos = b"", 0, 0
         return True
 
     def after_truncate(self, new_size: int) -> None:
-        """The current segment was cut to ``new_size``: drop buffered bytes past it."""
+        """The current segment was cut to ``new_size``: drop buffered bytes past it (only
+        an incomplete message, never one already decoded)."""
         if self._read_offset > new_size:
-            drop = self._read_offset - new_size
-            self._pending = self._pending[:-drop] if drop < len(self._pending) else b""
+            self._buffer = self._buffer[:max(0, new_size - self._buffer_offset)]
             self._read_offset = new_size

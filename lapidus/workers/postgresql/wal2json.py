@@ -87,6 +87,19 @@ class Wal2JsonDecoder:
             return (), 0
         return data[:end].split(b"\n"), end + 1
 
+    def decode_run(self, data: bytes, pos: int, limit: int,
+                   origin: Tuple[int, int]) -> Tuple[List[Tuple[Any, int]], int]:
+        """Up to ``limit`` complete lines of ``data`` from ``pos``, decoded: see
+        :meth:`lapidus.workers.postgresql.decoding.Decoder.decode_run`."""
+        out: List[Tuple[Any, int]] = []
+        while len(out) < limit:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break
+            out.append((self.decode(data[pos:end]), end + 1 - pos))
+            pos = end + 1
+        return out, pos
+
     def decode(self, frame: bytes):
         try:
             msg = self._json.decode(frame)
