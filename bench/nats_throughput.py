@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import signal
 import socket
 import statistics
@@ -85,8 +86,20 @@ class Subscriber:
         if line != "ready":
             raise RuntimeError(f"subscriber did not start: {line!r}")
 
-    def wait(self, timeout: float = 600):
-        """CLOCK_MONOTONIC times at which the last and the first message arrived."""
+    def wait(self, timeout: float = 600, publisher: "subprocess.Popen | None" = None):
+        """CLOCK_MONOTONIC times at which the last and the first message arrived.  With
+        ``publisher`` (Lapidus): fails as soon as that process exits before the last message
+        (a FATAL backend), instead of waiting out ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while publisher is not None:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                break
+            if publisher.poll() is not None:
+                raise RuntimeError(f"lapidus exited with code {publisher.returncode} before "
+                                   f"the last message; see its log")
+            if time.monotonic() > deadline:
+                raise RuntimeError("no last message within the timeout")
         line = self.proc.stdout.readline().split()
         self.proc.wait(timeout)
         if not line or line[0] != "done":
@@ -153,7 +166,11 @@ def drain_lapidus(workdir: Path, rows: int, mode: str, stream: str):
                             stdout=subprocess.DEVNULL, stderr=open(workdir / "lapidus.log", "ab"),
                             start_new_session=True)
     try:
-        last, first = subscriber.wait()
+        try:
+            last, first = subscriber.wait(publisher=proc)
+        except RuntimeError as exc:
+            tail = (workdir / "lapidus.log").read_text().splitlines()[-3:]
+            raise SystemExit(f"{exc}:\n" + "\n".join(tail)) from None
         elapsed = last - started
         sup = psutil.Process(proc.pid)
         cpu = {"supervisor": sum(sup.cpu_times()[:2])}
