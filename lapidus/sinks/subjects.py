@@ -210,7 +210,11 @@ class SubjectBuilder:
             self._cache[cache_key] = parts
         if not self._has_key:
             return parts[0]
-        return parts[0] + encode_key(record.key) + parts[1]
+        key = record.key
+        if key is not None and len(key) == 1 and key[0].isdigit():
+            # The usual integer key: digits are always their own token (the hot path).
+            return parts[0] + key[0] + parts[1]
+        return parts[0] + encode_key(key) + parts[1]
 
     def _tableless(self, record: Record) -> str:
         if record.type == "message":

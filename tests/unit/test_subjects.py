@@ -157,3 +157,14 @@ def test_subject_part_check():
     assert "empty token" in check_subject_part("cdc.")
     assert "wildcard" in check_subject_part("cdc.>")
     assert check_subject_part("", allow_empty=True) is None
+
+
+def test_digit_keys_take_the_short_path_to_the_same_subject_as_any_key():
+    """SubjectBuilder passes a one-column key of digits through as its own token: that must
+    be what encode_key gives for every kind of digit, ASCII or not."""
+    builder = SubjectBuilder("pg", "cdc")
+    digits = [c for c in map(chr, range(0x30000)) if c.isdigit()]
+    assert len(digits) > 500        # Unicode digits beyond 0-9: superscripts, other scripts
+    for value in ["0", "12345678901234567890", "".join(digits[:40])] + digits:
+        assert builder.subject(record(key=(value,))) == f"cdc.public.items.{encode_key((value,))}"
+        assert encode_key((value,)) == value

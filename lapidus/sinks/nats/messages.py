@@ -43,19 +43,16 @@ def _clean(value: str) -> str:
     return value
 
 
-def header_tail(backend: str, kind: str, position: str) -> bytes:
+def header_tail(backend: str, kind: str, position: str) -> str:
     """The header block after the message id: the same for every event of one type in one
     transaction, so a batch builds it once per (type, position)."""
     return (f"\r\nLapidus-Backend: {backend}\r\nLapidus-Type: {_clean(kind)}\r\n"
-            f"Lapidus-Position: {_clean(position)}\r\n\r\n").encode()
-
-
-#: the header block up to the message id; a :func:`header_tail` follows the id
-HEADER_HEAD = b"NATS/1.0\r\nNats-Msg-Id: "
+            f"Lapidus-Position: {_clean(position)}\r\n\r\n")
 
 
 def header_block(msg_id: str, backend: str, kind: str, position: str) -> bytes:
-    return HEADER_HEAD + _clean(msg_id).encode() + header_tail(backend, kind, position)
+    return f"NATS/1.0\r\nNats-Msg-Id: {_clean(msg_id)}{header_tail(backend, kind, position)}"\
+        .encode()
 
 
 class MessageBuilder:
@@ -73,17 +70,22 @@ class MessageBuilder:
         subject_of = self.subjects.subject
         backend, with_data, stored, cache_prefix = (self.backend, self.with_data, self.stored,
                                                     self.cache_prefix)
-        tails: Dict[Tuple[str, str], bytes] = {}
+        new_message = Message._make         # from a tuple: cheaper than Message(...)
+        tails: Dict[Tuple[str, str], str] = {}
         for record in records:
             subject = subject_of(record)
             payload = record.data if with_data else b""
             msg_id = record.id
+            if "\r" in msg_id or "\n" in msg_id:
+                msg_id = _clean(msg_id)
             tail = tails.get((record.type, record.position))
             if tail is None:
                 tail = tails[(record.type, record.position)] = header_tail(
                     backend, record.type, record.position)
-            append(Message(subject, payload, HEADER_HEAD + _clean(msg_id).encode() + tail,
-                           msg_id, stored))
+            # One f-string and one encode for the whole header block (the hot path).
+            append(new_message((subject, payload,
+                                f"NATS/1.0\r\nNats-Msg-Id: {msg_id}{tail}".encode(),
+                                record.id, stored)))
             if cache_prefix is not None:
                 verb = CACHE_VERBS.get(record.type)
                 if verb is not None:
