@@ -14,6 +14,9 @@ same number of payloads of the same shape to the same subscriber:
   * core:       ``nc.publish`` of each payload with Lapidus's headers, then ``flush()``;
   * jetstream:  the same with a reply inbox and a window of 4096 unacknowledged publishes
                 (what the sink does), until every ack arrived.
+Before each Lapidus run, ``pg_recvlogical`` on a second slot of the same backlog times how
+long PostgreSQL itself takes to send the first change (it decodes the whole transaction
+first): part of every "from start" figure that no client can avoid.
 Needs the local PostgreSQL (127.0.0.1:5432, user postgres) and nats-server with JetStream
 (127.0.0.1:4222); other ports with BENCH_PG_PORT=N, BENCH_NATS_PORT=N.  Prints events/s of
 each and the ratio Lapidus / bare loop.
@@ -44,6 +47,8 @@ import psutil
 
 from nats_wire import CONNECT, answer_control, read_items  # noqa: E402
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
+
+from lapidus.workers.postgresql.recvlogical import find_pg_recvlogical  # noqa: E402
 
 NATS = ("127.0.0.1", int(os.environ.get("BENCH_NATS_PORT", "4222")))
 NATS_URL = f"nats://{NATS[0]}:{NATS[1]}"
@@ -134,9 +139,34 @@ def make_backlog(rows: int, decoder: str) -> None:
     # pgoutput reads the publication as of each change: it must exist before the slot.
     sql(conn, f"CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES")
     sql(conn, "SELECT pg_create_logical_replication_slot('bench_lapidus', %s)", (decoder,))
+    sql(conn, "SELECT pg_create_logical_replication_slot('bench_first', %s)", (decoder,))
     sql(conn, "INSERT INTO items SELECT g, 'item ' || g, g / 100.0, now() "
               "FROM generate_series(1, %s) g", (rows,))
     conn.close()
+
+
+def first_change_delay(decoder: str) -> float:
+    """Seconds from starting ``pg_recvlogical`` on a second slot of the backlog to its first
+    byte: PostgreSQL decodes a whole transaction before it sends its first change, so a drain
+    measured from Lapidus's start includes this wait, which a bare publish loop never pays.
+    Measured before Lapidus starts; the slot is dropped."""
+    options = (["-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}"]
+               if decoder == "pgoutput" else [])
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [find_pg_recvlogical(), "--start", "--no-loop", "-f", "-", "--slot", "bench_first",
+         "-d", f"host=127.0.0.1 port={PG['port']} user=postgres dbname={DB}", *options],
+        stdout=subprocess.PIPE)
+    try:
+        if not proc.stdout.read(1):
+            raise RuntimeError("pg_recvlogical ended without output")
+        return time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+        admin = connect(DB)
+        sql(admin, "SELECT pg_drop_replication_slot('bench_first')")
+        admin.close()
 
 
 # -- runs -----------------------------------------------------------------------------------
@@ -294,12 +324,14 @@ def main():
     if args.batch_size:
         BACKEND_EXTRA["batch_size"] = args.batch_size
     payloads = sample_payloads(args.rows)
-    results = {(who, mode): [] for who in ("lapidus", "streaming", "bare") for mode in modes}
+    results = {(who, mode): [] for who in ("lapidus", "streaming", "bare", "first")
+               for mode in modes}
     for run in range(args.runs):
         for mode in modes:
             stream = f"BENCH_{uuid.uuid4().hex[:8]}"
             with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
                 make_backlog(args.rows, args.decoder)
+                results[("first", mode)].append(first_change_delay(args.decoder))
                 try:
                     lap, streaming = drain_lapidus(Path(tmp), args.rows, mode, stream)
                 finally:
@@ -316,7 +348,9 @@ def main():
             results[("bare", mode)].append(args.rows / bare)
             print(f"run {run + 1} {mode}: lapidus {args.rows / lap:,.0f} events/s from start "
                   f"({args.rows / streaming:,.0f} events/s from first to last message), "
-                  f"bare nats-py loop {args.rows / bare:,.0f} events/s", flush=True)
+                  f"bare nats-py loop {args.rows / bare:,.0f} events/s; PostgreSQL's first "
+                  f"change came {results[('first', mode)][-1]:.3f} s after pg_recvlogical "
+                  f"started", flush=True)
     drop_database()
     print(f"median over {args.runs} run(s) of {args.rows:,} rows (one transaction), decoder "
           f"{args.decoder}:")
@@ -327,6 +361,8 @@ def main():
         print(f"  {mode:9}: PostgreSQL -> Lapidus -> NATS {lap:,.0f} events/s from start "
               f"({streaming:,.0f} first to last); bare nats-py loop {bare:,.0f} events/s; "
               f"ratio {lap / bare:.2f} ({streaming / bare:.2f})")
+        print(f"  {mode:9}  PostgreSQL's own wait before the first change (median): "
+              f"{statistics.median(results[('first', mode)]):.3f} s")
         ratios = [lp / br for lp, br in zip(results[("lapidus", mode)], results[("bare", mode)])]
         print(f"  {mode:9}  best run: Lapidus {max(results[('lapidus', mode)]):,.0f} events/s, "
               f"bare loop {max(results[('bare', mode)]):,.0f}; per-run ratios "
