@@ -7,9 +7,11 @@
 PYTHON      ?= python3
 PYTEST_ARGS ?=
 VENV        := .venv
-# Touched after a successful install: pip runs again only when pyproject.toml is newer,
-# so a repeated `make test` spends no time in pip.
+# Touched after a successful install: pip runs again only when pyproject.toml, setup.py or a
+# module compiled by setup.py (lapidus/buildinfo.py lists them) is newer, so a repeated
+# `make test` spends no time in pip and an edited compiled module is always rebuilt.
 VENV_STAMP  := $(VENV)/.lapidus-installed
+COMPILED    := $(shell $(PYTHON) -c "import runpy; print(' '.join(runpy.run_path('lapidus/buildinfo.py')['COMPILED']))")
 
 .DEFAULT_GOAL := help
 .PHONY: help setup venv test demo check-config clean
@@ -17,7 +19,7 @@ VENV_STAMP  := $(VENV)/.lapidus-installed
 help:
 	@echo 'Lapidus make targets:'
 	@echo '  setup         configure the local PostgreSQL, MariaDB and NATS for CDC (scripts/setup-local; root)'
-	@echo '  venv          create $(VENV) and install lapidus[dev] into it (again only when pyproject.toml changes)'
+	@echo '  venv          create $(VENV) and install lapidus[dev] into it, pgoutput compiled (LAPIDUS_COMPILE=0: not)'
 	@echo '  test          setup + venv, then run pytest (extra arguments: PYTEST_ARGS=...)'
 	@echo '  demo          setup + venv, then stream the local PostgreSQL to stdout (lapidus demo)'
 	@echo '  check-config  validate conf/lapidus.toml (lapidus -t)'
@@ -40,7 +42,7 @@ venv: $(VENV_STAMP)
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV_STAMP): pyproject.toml | $(VENV)/bin/python
+$(VENV_STAMP): pyproject.toml setup.py lapidus/buildinfo.py $(COMPILED) | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
@@ -58,4 +60,5 @@ check-config: venv
 # Leaves the servers' configuration alone: undoing it would only cost restarts later.
 clean:
 	rm -rf $(VENV) build dist .pytest_cache *.egg-info
+	find lapidus -name '*.so' -delete
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

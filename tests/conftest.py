@@ -1,4 +1,5 @@
-"""Shared test helpers: waiting on conditions (never fixed sleeps)."""
+"""Shared test helpers: waiting on conditions (never fixed sleeps); a guard against stale
+compiled modules."""
 
 from __future__ import annotations
 
@@ -17,3 +18,14 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message or predicate}")
         time.sleep(interval)
+
+
+def pytest_sessionstart(session):
+    """A compiled module older than its source would test the previous code: refuse."""
+    from lapidus.buildinfo import stale_builds
+
+    stale = stale_builds()
+    if stale:
+        pytest.exit(f"compiled module(s) {', '.join(stale)} are older than their source: run "
+                    f"`make venv` to rebuild them (or reinstall with LAPIDUS_COMPILE=0 for the "
+                    f"pure-Python modules)", returncode=2)

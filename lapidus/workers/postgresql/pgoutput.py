@@ -335,6 +335,7 @@ class PgOutputDecoder:
         out: List[Tuple[Any, int]] = []
         append = out.append
         size = len(data)
+        message: Any          # a Begin, Change, Commit, list of Changes or None
         while pos < size and len(out) < limit:
             kind = data[pos]
             if kind == 73 or kind == 85 or kind == 68:          # I, U, D

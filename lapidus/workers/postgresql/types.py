@@ -58,7 +58,7 @@ def to_numeric(value: Union[str, int]) -> str:
     raise ValueError(f"numeric value {value!r} is not exact text")
 
 
-def to_float(value: Union[str, int]) -> Union[float, str]:
+def to_float(value: Union[str, bytes, int]) -> Union[float, str]:
     """float4, float8: a JSON number; ``NaN``, ``Infinity``, ``-Infinity`` as those strings."""
     number = float(value)
     if number - number == 0.0:      # false only for NaN and the infinities
