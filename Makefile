@@ -19,7 +19,7 @@ COMPILED    := $(shell $(PYTHON) -c "import runpy; print(' '.join(runpy.run_path
 help:
 	@echo 'Lapidus make targets:'
 	@echo '  setup         configure the local PostgreSQL, MariaDB and NATS for CDC (scripts/setup-local; root)'
-	@echo '  venv          create $(VENV) and install lapidus[dev] into it, pgoutput compiled (LAPIDUS_COMPILE=0: not)'
+	@echo '  venv          create $(VENV) and install lapidus[dev] into it, pgoutput compiled (plain: LAPIDUS_COMPILE=0 make clean venv)'
 	@echo '  test          setup + venv, then run pytest (extra arguments: PYTEST_ARGS=...)'
 	@echo '  demo          setup + venv, then stream the local PostgreSQL to stdout (lapidus demo)'
 	@echo '  check-config  validate conf/lapidus.toml (lapidus -t)'
