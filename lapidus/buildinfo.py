@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import List
+from typing import List, Optional
 
 #: source files compiled by setup.py, relative to the project root
 COMPILED = ("lapidus/workers/postgresql/pgoutput.py",)
@@ -22,10 +22,16 @@ def module_name(path: str) -> str:
     return path[:-len(".py")].replace("/", ".")
 
 
-def is_compiled(name: str) -> bool:
-    """True when importing module ``name`` loads a C extension."""
+def compiled_file(name: str) -> Optional[str]:
+    """The C extension that importing module ``name`` loads, or None (plain Python)."""
     spec = importlib.util.find_spec(name)
-    return bool(spec and spec.origin and not spec.origin.endswith(".py"))
+    if spec and spec.origin and not spec.origin.endswith(".py"):
+        return spec.origin
+    return None
+
+
+def is_compiled(name: str) -> bool:
+    return compiled_file(name) is not None
 
 
 def stale_builds() -> List[str]:
@@ -33,10 +39,10 @@ def stale_builds() -> List[str]:
     stale = []
     for path in COMPILED:
         name = module_name(path)
-        spec = importlib.util.find_spec(name)
-        if not (spec and spec.origin and not spec.origin.endswith(".py")):
+        built = compiled_file(name)
+        if built is None:
             continue
-        source = os.path.join(os.path.dirname(spec.origin), os.path.basename(path))
-        if os.path.exists(source) and os.path.getmtime(source) > os.path.getmtime(spec.origin):
+        source = os.path.join(os.path.dirname(built), os.path.basename(path))
+        if os.path.exists(source) and os.path.getmtime(source) > os.path.getmtime(built):
             stale.append(name)
     return stale

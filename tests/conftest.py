@@ -27,5 +27,5 @@ def pytest_sessionstart(session):
     stale = stale_builds()
     if stale:
         pytest.exit(f"compiled module(s) {', '.join(stale)} are older than their source: run "
-                    f"`make venv` to rebuild them (or reinstall with LAPIDUS_COMPILE=0 for the "
-                    f"pure-Python modules)", returncode=2)
+                    f"`make venv` to rebuild them (or `LAPIDUS_COMPILE=0 make clean venv` for the "
+                    f"plain-Python modules)", returncode=2)
