@@ -46,6 +46,7 @@ from pathlib import Path
 import psutil
 
 from nats_wire import CONNECT, answer_control, read_items  # noqa: E402
+from pg_decoders import plugin_options  # noqa: E402  (Lapidus's options for pg_recvlogical)
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 
 from lapidus.workers.postgresql.recvlogical import find_pg_recvlogical  # noqa: E402
@@ -150,8 +151,7 @@ def first_change_delay(decoder: str) -> float:
     byte: PostgreSQL decodes a whole transaction before it sends its first change, so a drain
     measured from Lapidus's start includes this wait, which a bare publish loop never pays.
     Measured before Lapidus starts; the slot is dropped."""
-    options = (["-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}"]
-               if decoder == "pgoutput" else [])
+    options = [arg for opt in plugin_options(decoder, PUBLICATION) for arg in ("-o", opt)]
     started = time.monotonic()
     proc = subprocess.Popen(
         [find_pg_recvlogical(), "--start", "--no-loop", "-f", "-", "--slot", "bench_first",

@@ -48,10 +48,11 @@ PUBLICATION = "bench_pub"
 DECODERS = ("wal2json", "pgoutput")
 
 
-def plugin_options(decoder: str):
+def plugin_options(decoder: str, publication: str = PUBLICATION):
+    """The ``-o`` options Lapidus gives pg_recvlogical for ``decoder``."""
     if decoder == "wal2json":
         return Wal2JsonDecoder(None, None).plugin_options()
-    return PgOutputDecoder(None, None, PUBLICATION).plugin_options()
+    return PgOutputDecoder(None, None, publication).plugin_options()
 
 
 class WalsenderCpu:
