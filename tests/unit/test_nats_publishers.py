@@ -222,6 +222,21 @@ def test_jetstream_missing_ack_resends_the_same_message_id():
     asyncio.run(run())
 
 
+def test_jetstream_resends_lost_acks_that_fill_the_window():
+    async def run():
+        # Every first ack is lost and the window holds 3: the three unacknowledged messages
+        # fill it, and their resend must not wait for room they already hold.
+        conn, publisher, messages, _ = await setup(jetstream=True, max_pending_acks=3,
+                                                   ack_timeout=0.05)
+        conn.nc.ack = lambda s, h, attempt: None if attempt == 1 else b'{"stream":"S","seq":1}'
+        await asyncio.wait_for(publisher.publish(messages.build(records(5))), 5)
+        ids = [p[3]["Nats-Msg-Id"] for p in conn.nc.published]
+        assert sorted(set(ids)) == [f"pg:0/1:{i}" for i in range(5)]
+        assert all(ids.count(i) == 2 for i in set(ids))     # each lost once, resent once
+        assert publisher._waiting == {}
+    asyncio.run(run())
+
+
 def test_jetstream_gives_up_after_repeated_silence_with_a_clear_error():
     async def run():
         conn, publisher, messages, _ = await setup(jetstream=True, ack_timeout=0.02)

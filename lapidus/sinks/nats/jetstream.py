@@ -145,7 +145,9 @@ class JetStreamPublisher:
                     if resend_plain:
                         frames.add(message.subject, "", message.header, message.payload)
                     continue
-                if len(waiting) >= self.max_pending:
+                # A resend already holds its place in the window (its number stays waiting
+                # until acked); only a first send needs room.
+                if number not in waiting and len(waiting) >= self.max_pending:
                     await write_connected(wire, frames)     # the acks come for what is sent
                     if not await self._wait_for_space(session):
                         return  # acks stalled: stop filling the window; the caller resends
