@@ -159,6 +159,8 @@ def check_template(template: str) -> Optional[str]:
                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS) + ")")
         if spec or conversion:
             return f"placeholder {{{name}}} takes no format spec or conversion"
+    if sum(1 for _, name, _, _ in fields if name == "key") > 1:
+        return "uses {key} more than once; it may appear at most once"
     sample = template.format(**{p: "x" for p in PLACEHOLDERS})
     problem = check_subject_part(sample)
     return f"gives subjects that are not valid: it {problem}" if problem else None

@@ -143,11 +143,16 @@ def test_decoder_for_prefixed_subjects():
     ("a..{key}", "empty token"),
     ("{schema} {table}", "whitespace"),
     ("*.{key}", "wildcard"),
+    ("{schema}.{key}.{table}.{key}", "{key} more than once"),
+    ("{table}.{type}.{table}", None),
 ])
 def test_template_check(template, problem):
     found = check_template(template)
     if problem is None:
         assert found is None
+        # what the check accepts must also build subjects
+        assert SubjectBuilder("pg", template=template).subject(record(key=("7",))).endswith(
+            "7" if "{key}" in template else "items")
     else:
         assert problem in found
 
