@@ -8,6 +8,7 @@ same way: through the ``lapidus.plugins`` entry-point group (see :mod:`lapidus.s
 from __future__ import annotations
 
 import abc
+import json
 from typing import Any, Mapping, Sequence
 
 from ..events import Record
@@ -30,7 +31,8 @@ class Sink(abc.ABC):
     counts as delivered and the same batch will be sent again.
     """
 
-    #: one instance serves every backend (stdout) instead of one per backend (nats)
+    #: one instance serves every backend (stdout) instead of one per backend (nats); with
+    #: different options (a backend's own) one instance per :meth:`share_key`
     shared: bool = False
 
     #: the dispatcher may hand this sink several queued batches as one delivery when they
@@ -38,6 +40,13 @@ class Sink(abc.ABC):
     #: Off by default: a delivery confirms all of its records or none, and a sink that can
     #: stall partway (a pipe to a slow reader) confirms more, earlier, batch by batch.
     merge_batches: bool = False
+
+    @classmethod
+    def share_key(cls, options: Mapping[str, Any]) -> str:
+        """For a ``shared`` sink: backends whose options give the same key share one
+        instance.  By default the options themselves; a sink whose instances must not
+        overlap (two writers on one file descriptor) keys by that resource instead."""
+        return json.dumps(options, sort_keys=True, default=str)
 
     def __init__(self, options: Mapping[str, Any], backend: str):
         self.options = dict(options)

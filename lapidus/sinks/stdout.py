@@ -1,7 +1,7 @@
 """The stdout sink: line-delimited JSON, one event per line, flushed per batch.
 
-Runs in the dispatcher process.  One instance serves every backend, and a lock keeps one batch's
-lines together.  The write itself runs in a thread: a slow reader of standard output (a pipe into
+Runs in the dispatcher process.  One instance per file descriptor serves every backend that writes
+there, and its lock keeps one batch's lines together.  The write itself runs in a thread: a slow reader of standard output (a pipe into
 a slow consumer) must hold back only what goes to standard output, not the dispatcher's loop and
 with it every other sink.
 A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
@@ -26,6 +26,11 @@ class StdoutSink(Sink):
         super().__init__(options, backend)
         self.fd = int(self.options.get("fd", 1))
         self._lock = asyncio.Lock()
+
+    @classmethod
+    def share_key(cls, options):
+        """One instance, and so one lock, per file descriptor."""
+        return str(int(options.get("fd", 1)))
 
     @classmethod
     def validate(cls, options):

@@ -116,11 +116,14 @@ class Dispatcher:
     async def _sink(self, name: str, options: dict, backend: str) -> Sink:
         cls = registry.load(name)
         if cls.shared:
-            if name not in self.shared:
+            # A backend that gives a shared plugin options of its own (stdout to fd 2) gets
+            # the instance for those options, not whichever was made first.
+            key = f"{name} {cls.share_key(options)}"
+            if key not in self.shared:
                 sink = cls(options, "*")
                 await sink.start()
-                self.shared[name] = sink
-            return self.shared[name]
+                self.shared[key] = sink
+            return self.shared[key]
         sink = cls(options, backend)
         await sink.start()
         return sink

@@ -7,7 +7,8 @@ import asyncio
 
 import structlog
 
-from lapidus.supervisor.dispatcher import Pipeline
+from lapidus.config import parse_config
+from lapidus.supervisor.dispatcher import Dispatcher, Pipeline
 from lapidus.transport import ACK, unpack_from
 
 
@@ -70,3 +71,27 @@ def test_without_merging_every_batch_is_its_own_delivery():
 def test_batches_of_an_older_connection_are_not_merged_in():
     deliveries, acks = deliver(3, [(1, ["a"]), (2, ["old"]), (3, ["c"])], stale={2})
     assert deliveries == [["a", "c"]] and acks == [3]
+
+
+def test_a_shared_sink_with_a_backends_own_options_gets_its_own_instance(tmp_path):
+    """stdout serves every backend from one instance per file descriptor: a backend whose own
+    plugins send it to fd 2 must not get the global fd 1 instance (or the other way round)."""
+    config = parse_config({
+        "state_dir": str(tmp_path),
+        "backends": [{"name": "a", "type": "postgresql", "database": "a"},
+                     {"name": "b", "type": "postgresql", "database": "b",
+                      "plugins": {"stdout": {"fd": 2}}},
+                     {"name": "c", "type": "postgresql", "database": "c",
+                      "plugins": {"stdout": {"fd": 1}}}],
+        "plugins": {"stdout": {}}}, source=str(tmp_path / "lapidus.toml"), env={})
+
+    async def run():
+        dispatcher = Dispatcher(config, str(tmp_path / "d.sock"), structlog.get_logger())
+        pipelines = [await dispatcher.pipeline_for(name) for name in ("a", "b", "c")]
+        for task in dispatcher.tasks:
+            task.cancel()
+        return [pipeline.sinks[0] for pipeline in pipelines]
+
+    a, b, c = asyncio.run(run())
+    assert (a.fd, b.fd, c.fd) == (1, 2, 1)
+    assert a is c and a is not b          # one writer (and lock) per descriptor
