@@ -35,7 +35,7 @@ class _PluginReader(_Problems):
                                     f"an empty table enables the plugin with its defaults "
                                     f'({{}} in JSON, a [{_join(header, name)}] header in TOML)')
                 continue
-            options = self.plugin_aliases(dict(options), where)
+            options, spelled = self.plugin_aliases(dict(options), where)
             plugins[name] = options
             if self.plugin_validators is None:
                 continue
@@ -52,13 +52,18 @@ class _PluginReader(_Problems):
                 self.problem(where, f"the plugin's validator failed: {type(exc).__name__}: {exc}")
                 continue
             for key, message in issues:
+                key = _as_spelled(str(key), spelled)
                 key_path = where if not key else (
-                    f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}")
+                    f"{where}{key}" if key.startswith("[") else f"{where}.{key}")
                 self.problem(key_path, message)
         return plugins
 
-    def plugin_aliases(self, options: Dict[str, Any], path: str) -> Dict[str, Any]:
+    def plugin_aliases(self, options: Dict[str, Any],
+                       path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+        """The options under their current names, and ``{current name: the user's spelling}``
+        for the original Lapidus names used (problems are reported as the file spells them)."""
         result: Dict[str, Any] = {}
+        spelled: Dict[str, str] = {}
         for key, value in options.items():
             name = S.PLUGIN_ALIASES.get(key, key)
             if name != key and name in options:
@@ -66,4 +71,14 @@ class _PluginReader(_Problems):
                                                f'which is also given; keep only one of them')
                 continue
             result[name] = value
-        return result
+            if name != key:
+                spelled[name] = key
+        return result, spelled
+
+
+def _as_spelled(key: str, spelled: Mapping[str, str]) -> str:
+    """A validator's key (``publish_event_data``, ``subjects[2]``, ``tls.ca``) with its first
+    name as the configuration file spells it."""
+    cut = min((i for i in (key.find("."), key.find("[")) if i >= 0), default=len(key))
+    head = key[:cut]
+    return spelled.get(head, head) + key[cut:]

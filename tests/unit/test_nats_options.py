@@ -115,6 +115,18 @@ def test_lapidus_config_reports_plugin_problems_with_their_key_path():
            '"server"?)' in text
 
 
+def test_problems_with_original_option_names_are_reported_as_the_file_spells_them():
+    config = {"backends": [{"type": "postgresql", "host": "h", "user": "u", "database": "d",
+                            "plugins": {"nats": {"publishEventData": "no"}}}],
+              "plugins": {"nats": {"cache_prefix": 5}}}
+    with pytest.raises(Exception) as info:
+        parse_config(config, plugin_validators=registry.validators())
+    text = str(info.value)
+    assert "backends[0].plugins.nats.publishEventData: " in text
+    assert "publish_event_data" not in text
+    assert "plugins.nats.cache_prefix: " in text         # the new name where it was written
+
+
 def test_original_sample_configuration_still_validates():
     config = {"backends": [{"type": "postgresql", "host": "127.0.0.1", "user": "lapidus",
                             "database": "lapidus", "password": "x", "slot": "lapidus_slot"}],
