@@ -18,7 +18,7 @@ from .control import ControlUnavailable, request
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 COLUMNS = ("backend", "state", "pid", "uptime", "restarts", "position", "lag", "events/s",
-           "last error")
+           "sinks", "last error")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,13 +126,28 @@ def lag_text(row: dict) -> str:
     return " ".join(parts) or "-"
 
 
+def sinks_text(sinks: Optional[dict]) -> str:
+    """``nats up``, ``nats down 12s``: the sinks that report a connection state."""
+    parts = []
+    for name, state in (sinks or {}).items():
+        if state.get("connected"):
+            parts.append(f"{name} up")
+        elif state.get("error"):
+            parts.append(f"{name} ?")
+        else:
+            down = state.get("down_seconds")
+            parts.append(f"{name} down" + (f" {human_duration(down)}" if down else ""))
+    return ", ".join(parts) or "-"
+
+
 def format_status(status: dict) -> str:
     rows = [COLUMNS]
     for b in status.get("backends", []):
         rows.append((b["name"], b["state"], str(b.get("pid") or "-"),
                      human_duration(b.get("uptime")), str(b.get("restarts", 0)),
                      str(b.get("position") or "-"), lag_text(b),
-                     f"{b.get('events_per_second', 0):.0f}", (b.get("last_error") or "-")[:120]))
+                     f"{b.get('events_per_second', 0):.0f}", sinks_text(b.get("sinks")),
+                     (b.get("last_error") or "-")[:120]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
     lines = []
     for r in rows:

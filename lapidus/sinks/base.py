@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..events import Record
 
@@ -66,3 +66,9 @@ class Sink(abc.ABC):
 
     async def close(self) -> None:
         """Flush and disconnect."""
+
+    def health(self) -> Optional[Dict[str, Any]]:
+        """The state of the sink's connection, for ``lapidusctl status`` and ``/metrics``:
+        ``{"connected": bool, "down_seconds": float or None, ...}``, or None for a sink
+        without one (stdout).  Called by the dispatcher once a second; must be cheap."""
+        return None

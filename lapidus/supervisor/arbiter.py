@@ -360,7 +360,14 @@ class Arbiter:
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict:
-        return {"pid": os.getpid(), "config": self.config.source,
-                "backends": [h.snapshot() for h in self.workers.values()
-                             if not getattr(h, "removed", False)],
-                "dispatcher": self.dispatcher.snapshot()}
+        dispatcher = self.dispatcher.snapshot()
+        health = dispatcher.get("sink_health") or {}
+        backends = []
+        for handle in self.workers.values():
+            if getattr(handle, "removed", False):
+                continue
+            row = handle.snapshot()
+            row["sinks"] = health.get(handle.name, {})   # {plugin: connection state}
+            backends.append(row)
+        return {"pid": os.getpid(), "config": self.config.source, "backends": backends,
+                "dispatcher": dispatcher}

@@ -30,12 +30,15 @@ RETRY_MAX = 10.0
 class Pipeline:
     """One backend's ordered delivery: batches in, acks out."""
 
-    def __init__(self, backend: str, sinks: List[Sink], log, merge_up_to: int = 1):
+    def __init__(self, backend: str, sinks: List[Sink], log, merge_up_to: int = 1,
+                 names: Optional[List[str]] = None):
         self.backend = backend
         self.sinks = sinks
+        # the plugin names of the configuration, for logs, metrics and lapidusctl
+        self.names = names or [type(sink).__name__ for sink in sinks]
         self.log = log
         self.merge_up_to = merge_up_to       # most queued batches delivered as one
-        self.errors: Dict[str, int] = {}     # sink name -> failed deliveries
+        self.errors: Dict[str, int] = {}     # plugin name -> failed deliveries
         self.queue: asyncio.Queue = asyncio.Queue()
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
@@ -55,7 +58,8 @@ class Pipeline:
             if generation != self.generation:
                 continue  # its worker died; the restarted worker sends it again
             seq, records = self._merge_queued(seq, records)
-            await asyncio.gather(*(self._deliver(sink, records) for sink in self.sinks))
+            await asyncio.gather(*(self._deliver(sink, name, records)
+                                   for sink, name in zip(self.sinks, self.names)))
             self.delivered += len(records)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
@@ -84,7 +88,20 @@ class Pipeline:
             seq = next_seq
         return seq, (records if merged is None else merged)
 
-    async def _deliver(self, sink: Sink, records) -> None:
+    def health(self) -> Dict[str, dict]:
+        """``{plugin name: Sink.health()}`` for the sinks that report one; a sink whose
+        ``health`` fails is reported as such rather than stopping the reports."""
+        out = {}
+        for sink, name in zip(self.sinks, self.names):
+            try:
+                state = sink.health()
+            except Exception as exc:
+                state = {"error": f"health() failed: {type(exc).__name__}: {exc}"}
+            if state is not None:
+                out[name] = state
+        return out
+
+    async def _deliver(self, sink: Sink, name: str, records) -> None:
         delay = 0.2
         while True:
             try:
@@ -93,7 +110,6 @@ class Pipeline:
             except OutputClosed:
                 raise
             except Exception as exc:
-                name = type(sink).__name__
                 self.errors[name] = self.errors.get(name, 0) + 1
                 self.log.warning("sink failed; retrying the same batch", sink=name,
                                  error=str(exc), retry_in=round(delay, 2))
@@ -138,7 +154,7 @@ class Dispatcher:
             if sinks and all(sink.merge_batches for sink in sinks):
                 merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
             pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
-                                merge_up_to=merge_up_to)
+                                merge_up_to=merge_up_to, names=list(plugins))
             self.pipelines[backend_name] = pipeline
             task = asyncio.create_task(pipeline.run())
             task.add_done_callback(self._pipeline_done)
@@ -210,6 +226,7 @@ class Dispatcher:
                     "sink_errors": {n: dict(p.errors) for n, p in self.pipelines.items()},
                     "queued_batches": {n: p.queue.qsize() for n, p in self.pipelines.items()},
                     "delivered": {n: p.delivered for n, p in self.pipelines.items()},
+                    "sink_health": {n: p.health() for n, p in self.pipelines.items()},
                 }))
             except (OSError, ValueError):
                 return

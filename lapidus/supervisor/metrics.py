@@ -59,6 +59,10 @@ def render(status: dict) -> str:
         ("lapidus_pg_slot_retained_wal_bytes", "gauge",
          "WAL the server keeps for the replication slot (pg_current_wal_lsn - restart_lsn)."),
         ("lapidus_sink_errors_total", "counter", "Failed deliveries (each one retried)."),
+        ("lapidus_sink_up", "gauge",
+         "1 while the sink is connected (sinks with a connection: nats)."),
+        ("lapidus_sink_down_seconds", "gauge",
+         "How long the sink has been without a connection; 0 while connected."),
         ("lapidus_worker_rss_bytes", "gauge", "Resident memory of the worker process."),
     )}
     for b in status.get("backends", []):
@@ -79,6 +83,13 @@ def render(status: dict) -> str:
             f["lapidus_pg_slot_retained_wal_bytes"].add(
                 b["slot_retained_wal_bytes"], backend=name, slot=b.get("slot", ""))
         f["lapidus_worker_rss_bytes"].add(b.get("rss_bytes"), backend=name)
+        for sink, state in (b.get("sinks") or {}).items():
+            if "connected" not in state:
+                continue
+            f["lapidus_sink_up"].add(1 if state["connected"] else 0, backend=name, sink=sink)
+            f["lapidus_sink_down_seconds"].add(
+                0 if state["connected"] else (state.get("down_seconds") or 0),
+                backend=name, sink=sink)
     dispatcher = status.get("dispatcher") or {}
     for backend, sinks in (dispatcher.get("sink_errors") or {}).items():
         for sink, count in sinks.items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -256,12 +258,33 @@ def test_nats_down_at_start_up_holds_events_until_it_comes(lapidus_factory, pg_d
     proc.wait_log('"streaming"')
     pg_db.sql("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 300) g")
     proc.wait_log("nats connection error")
+    # the state is visible to operators, not only in the log
+    down = wait_until(lambda: nats_state(proc, connected=False, down_for_more_than=0.5), 15,
+                      message="lapidusctl status showing nats down for a while")
+    assert "s3cr3tpw" not in json.dumps(down)
     private_nats.start()
     create_stream("LATE", ["late.>"], url=private_nats.url)
     proc.wait_log('"nats connected"')
     wait_until(lambda: stream_count("LATE", private_nats.url) == 300, 60,
                message="300 events stored once NATS came up")
+    wait_until(lambda: nats_state(proc, connected=True), 15,
+               message="lapidusctl status showing nats up")
     assert "s3cr3tpw" not in proc.log()
+
+
+def nats_state(proc, connected: bool, down_for_more_than: float = -1):
+    """The nats sink's state in ``lapidusctl status --json``, if it is ``connected`` (and
+    down for more than ``down_for_more_than`` seconds); else None."""
+    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(proc.config_path),
+                             "status", "--json"], capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        return None
+    state = json.loads(result.stdout)["backends"][0]["sinks"].get("nats")
+    if not state or state["connected"] is not connected:
+        return None
+    if not connected and (state["down_seconds"] or 0) <= down_for_more_than:
+        return None
+    return state
 
 
 @pytest.fixture

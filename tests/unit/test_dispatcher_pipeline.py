@@ -95,3 +95,24 @@ def test_a_shared_sink_with_a_backends_own_options_gets_its_own_instance(tmp_pat
     a, b, c = asyncio.run(run())
     assert (a.fd, b.fd, c.fd) == (1, 2, 1)
     assert a is c and a is not b          # one writer (and lock) per descriptor
+
+
+def test_pipeline_health_names_sinks_by_plugin_and_survives_a_failing_health():
+    class Connected(RecordingSink):
+        def health(self):
+            return {"connected": True, "down_seconds": None}
+
+    class Broken(RecordingSink):
+        def health(self):
+            raise RuntimeError("boom")
+
+    class Plain(RecordingSink):
+        def health(self):
+            return None
+
+    pipeline = Pipeline("shop", [Connected(), Broken(), Plain()], structlog.get_logger(),
+                        names=["nats", "webhook", "stdout"])
+    health = pipeline.health()
+    assert health["nats"] == {"connected": True, "down_seconds": None}
+    assert "boom" in health["webhook"]["error"]
+    assert "stdout" not in health

@@ -328,6 +328,23 @@ def test_disconnect_drops_what_nats_py_buffered_but_had_not_written():
     asyncio.run(run())
 
 
+def test_health_says_connected_or_down_and_for_how_long():
+    async def run():
+        conn, _, _, _ = await setup()
+        up = conn.health()
+        conn.nc.is_connected = False
+        await conn._on_disconnected()
+        await asyncio.sleep(0.15)
+        down = conn.health()
+        conn.nc.is_connected = True
+        await conn._on_reconnected()
+        return up, down, conn.health()
+    up, down, again = asyncio.run(run())
+    assert up["connected"] is True and up["down_seconds"] is None
+    assert down["connected"] is False and down["down_seconds"] >= 0.1
+    assert again["connected"] is True and again["down_seconds"] is None
+
+
 def test_connect_arguments_reconnect_forever_and_name_the_backend():
     async def run():
         conn = Connection(NatsOptions.parse({"servers": ["nats://a:1", "nats://b:2"],

@@ -15,7 +15,7 @@ Modules: ``options`` (validation, no nats-py import: ``lapidus -t`` works withou
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Union
 
 from ... import logs
 from ...events import Record
@@ -94,6 +94,11 @@ class NatsSink(Sink):
                 task = self._preparing = asyncio.ensure_future(self._prepare())
             await asyncio.shield(task)
         await self.publisher.publish(self.messages.build(records))
+
+    def health(self) -> Optional[Dict[str, Any]]:
+        if self.connection is None:
+            return {"connected": False, "down_seconds": None}
+        return self.connection.health()
 
     async def close(self) -> None:
         if self._preparing is not None and not self._preparing.done():

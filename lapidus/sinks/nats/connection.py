@@ -156,6 +156,13 @@ class Connection:
                                  servers=[redact_url(s) for s in self.options.servers],
                                  held_events=held, down_for=down_for)
 
+    def health(self) -> Dict[str, Any]:
+        """Connected or not, since when (seconds), and the server (without credentials)."""
+        since = self._down_since
+        return {"connected": self.ready,
+                "down_seconds": None if since is None else round(time.monotonic() - since, 1),
+                "server": self._server()}
+
     def session(self) -> Session:
         return Session(self._lost, self.nc.stats["reconnects"])
 

@@ -1,0 +1,35 @@
+"""Unit tests: how sink connection states show in ``lapidusctl status`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from lapidus.ctl import format_status, sinks_text
+from lapidus.supervisor import metrics
+
+
+def status_with(sinks: dict) -> dict:
+    return {"backends": [{"name": "shop", "state": "RUNNING", "pid": 7, "restarts": 0,
+                          "position": "0/1", "sinks": sinks}]}
+
+
+def test_status_table_shows_each_sink_up_or_down_with_for_how_long():
+    table = format_status(status_with({"nats": {"connected": False, "down_seconds": 12.4},
+                                       "exec": {"connected": True}}))
+    header, row = table.splitlines()
+    assert "sinks" in header.split()
+    assert "nats down 12s, exec up" in row
+    assert sinks_text({}) == sinks_text(None) == "-"         # stdout only: nothing to show
+    assert sinks_text({"nats": {"error": "health() failed"}}) == "nats ?"
+
+
+def test_metrics_give_sink_up_and_down_seconds_per_backend_and_sink():
+    body = metrics.render(status_with({"nats": {"connected": False, "down_seconds": 12.4},
+                                       "other": {"connected": True, "down_seconds": None}}))
+    assert 'lapidus_sink_up{backend="shop",sink="nats"} 0' in body
+    assert 'lapidus_sink_down_seconds{backend="shop",sink="nats"} 12.4' in body
+    assert 'lapidus_sink_up{backend="shop",sink="other"} 1' in body
+    assert 'lapidus_sink_down_seconds{backend="shop",sink="other"} 0' in body
+
+
+def test_a_sink_without_a_connection_state_has_no_sink_metrics():
+    body = metrics.render(status_with({}))
+    assert "lapidus_sink_up{" not in body
