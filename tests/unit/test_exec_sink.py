@@ -163,3 +163,22 @@ def test_close_stops_a_command_that_ignores_end_of_input(tmp_path, monkeypatch):
         await asyncio.wait_for(sink.close(), 20)
         assert proc.returncode is not None
     asyncio.run(run())
+
+
+def test_restart_backoff_doubles_up_to_30_s_and_resets_after_a_stable_run(monkeypatch):
+    import lapidus.sinks.exec as exec_module
+    clock = [1000.0]
+    monkeypatch.setattr(exec_module.time, "monotonic", lambda: clock[0])
+    sink = ExecSink({"command": "cat", "restart_backoff": 1.0}, "shop")
+
+    def crash_after(ran: float) -> float:
+        """The wait before the next start after a run of ``ran`` seconds."""
+        sink.started_at = clock[0]
+        clock[0] += ran
+        sink._schedule_restart()
+        return sink.next_start - clock[0]
+
+    waits = [crash_after(0.1) for _ in range(7)]
+    assert waits == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0])
+    assert crash_after(exec_module.STABLE_AFTER) == pytest.approx(1.0)   # a stable run: anew
+    assert crash_after(0.1) == pytest.approx(2.0)
