@@ -53,9 +53,10 @@ class Seen(NamedTuple):
 class Watcher:
     """Records messages on ``subject`` (a wildcard is fine) from a background thread."""
 
-    def __init__(self, subject: str, url: str = URL):
+    def __init__(self, subject: str, url: str = URL, **connect_options):
         self.subject = subject
         self.url = url
+        self.connect_options = connect_options      # token, user/password, tls ...
         self.messages: List[Seen] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -72,7 +73,8 @@ class Watcher:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                **self.connect_options)
 
         async def on_msg(msg) -> None:
             with self._lock:
@@ -251,9 +253,10 @@ class PrivateServer:
         self.store_dir = store_dir
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
+        """Start it, with nats-server ``options`` (``--auth TOKEN``, ``--tls`` ...)."""
         self.proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port),
-                                      "-js", "-sd", str(self.store_dir)],
+                                      "-js", "-sd", str(self.store_dir), *options],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: port_open(self.port), 30, message=f"private nats-server on {self.port}")
 

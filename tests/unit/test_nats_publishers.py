@@ -7,13 +7,15 @@ fast path runs against the real server in tests/integration/test_nats_sink.py.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from types import SimpleNamespace
 
+import nats.errors
 import pytest
 
 from lapidus.events import Record
 from lapidus.sinks.base import SinkError
-from lapidus.sinks.nats.connection import Connection
+from lapidus.sinks.nats.connection import Connection, how_to_fix
 from lapidus.sinks.nats.core import CorePublisher
 from lapidus.sinks.nats.jetstream import JetStreamPublisher
 from lapidus.sinks.nats.messages import MessageBuilder
@@ -355,6 +357,15 @@ def test_connect_arguments_reconnect_forever_and_name_the_backend():
         assert args["servers"] == ["nats://a:1", "nats://b:2"]
         assert (args["user"], args["password"]) == ("u", "pw") and "tls" not in args
     asyncio.run(run())
+
+
+def test_errors_of_wrong_settings_say_what_to_change_and_outages_do_not():
+    assert "refused the credentials" in how_to_fix(nats.errors.AuthorizationError())
+    assert "refused the credentials" in how_to_fix(
+        nats.errors.Error("nats: 'Authorization Violation'"))
+    assert "tls_ca_file" in how_to_fix(ssl.SSLCertVerificationError("self-signed"))
+    assert how_to_fix(ConnectionRefusedError(111, "Connect call failed")) is None
+    assert how_to_fix(nats.errors.StaleConnectionError()) is None
 
 
 def test_logged_state_changes_carry_no_credentials():

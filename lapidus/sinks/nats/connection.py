@@ -36,6 +36,23 @@ ERROR_LOG_EVERY = 30.0
 WAITING_LOG_EVERY = 30.0
 
 
+def how_to_fix(error: BaseException) -> Optional[str]:
+    """What to change when ``error`` says the settings are wrong rather than the server down
+    (retrying alone will not help); None for errors an outage explains."""
+    text = str(error).lower()
+    if isinstance(error, nats.errors.AuthorizationError) or "authorization violation" in text \
+            or "authentication" in text:
+        return ("the server refused the credentials: check user and password, token, "
+                "nkeys_seed or credentials in the nats plugin options")
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return ("the server's TLS certificate is not trusted: set tls_ca_file to the CA that "
+                "signed it, and tls_hostname if it names another host")
+    if isinstance(error, ssl.SSLError) or "tls" in text:
+        return ("TLS failed: use a tls:// URL only for a server with TLS enabled, and check "
+                "tls_ca_file, tls_cert_file and tls_key_file")
+    return None
+
+
 class ConnectionLost(Exception):
     """The connection dropped while a batch was in flight; resend it once reconnected."""
 
@@ -80,9 +97,11 @@ class Connection:
                 raise
             except Exception as exc:
                 retry_in = max(self.options.reconnect_time_wait, 5.0)
+                fix = how_to_fix(exc)
                 self.log.error("cannot connect to NATS; check the nats plugin options",
                                error=f"{type(exc).__name__}: {exc}", retry_in=retry_in,
-                               servers=[redact_url(s) for s in self.options.servers])
+                               servers=[redact_url(s) for s in self.options.servers],
+                               **({"fix": fix} if fix else {}))
                 await asyncio.sleep(retry_in)
                 self.nc = Client()
         self._came_up("nats connected")
@@ -215,8 +234,10 @@ class Connection:
             return
         self._errors_logged_at = now
         # nats-py's messages name the server at most; they never contain the credentials.
+        fix = how_to_fix(error)
         self.log.warning("nats connection error", error=f"{type(error).__name__}: {error}",
-                         server=self._server(), similar_errors_since_last=self._errors_suppressed)
+                         server=self._server(), similar_errors_since_last=self._errors_suppressed,
+                         **({"fix": fix} if fix else {}))
         self._errors_suppressed = 0
 
     def _drop_unsent(self) -> None:
