@@ -201,3 +201,14 @@ def pg_backend(db: PgDatabase, name: str = "pg", **options) -> dict:
                "user": "postgres", "database": db.name, "slot": f"{db.name}_{name}"}
     backend.update(options)
     return backend
+
+
+def backend_status(config_path, name=None) -> dict:
+    """A backend's row of ``lapidusctl status --json`` (the first one without ``name``); {}
+    while no Lapidus answers on the control socket yet."""
+    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(config_path),
+                             "status", "--json"], capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        return {}
+    rows = json.loads(result.stdout)["backends"]
+    return next((row for row in rows if name is None or row["name"] == name), {})

@@ -3,13 +3,10 @@ keeps its position, and delivers everything, once each and in order, when the si
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from tests.conftest import wait_until
+from tests.integration.conftest import backend_status
 from tests.integration.nats_fixtures import (create_stream, private_nats,  # noqa: F401
                                              stream_count)
 
@@ -20,12 +17,6 @@ from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
 pytestmark = pytest.mark.integration
 
 BATCH, WINDOW, TRANSACTIONS, ROWS_PER_TX = 100, 3, 40, 50
-
-
-def backend_status(proc) -> dict:
-    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(proc.config_path),
-                             "status", "--json"], capture_output=True, text=True, timeout=30)
-    return json.loads(result.stdout)["backends"][0] if result.returncode == 0 else {}
 
 
 def test_a_down_sink_stops_the_worker_after_its_window_and_nothing_is_lost(
@@ -43,12 +34,12 @@ def test_a_down_sink_stops_the_worker_after_its_window_and_nothing_is_lost(
 
     # The window fills and stays full: the worker reads no further while NATS is down.
     full = wait_until(lambda: (lambda s: s if s.get("inflight") == WINDOW else None)(
-        backend_status(proc)), 30, message=f"{WINDOW} unconfirmed batches")
+        backend_status(proc.config_path)), 30, message=f"{WINDOW} unconfirmed batches")
     assert full["events"] <= WINDOW * BATCH < total
     assert full["position"] is None                       # nothing confirmed, nothing saved
     # Still so once the oldest held event has aged by two seconds more.
     again = wait_until(lambda: (lambda s: s if s.get("lag_seconds", 0) >= full["lag_seconds"] + 2
-                                else None)(backend_status(proc)), 30,
+                                else None)(backend_status(proc.config_path)), 30,
                        message="the delivery lag growing while NATS is down")
     assert again["events"] == full["events"] and again["inflight"] == WINDOW
 
@@ -58,6 +49,6 @@ def test_a_down_sink_stops_the_worker_after_its_window_and_nothing_is_lost(
     wait_until(lambda: stream_count("MBP", private_nats.url) == total, 60, interval=0.2,
                message=f"all {total} events stored")
     done = wait_until(lambda: (lambda s: s if s.get("inflight") == 0 and s.get("position")
-                               else None)(backend_status(proc)), 30,
+                               else None)(backend_status(proc.config_path)), 30,
                       message="the position saved once everything was confirmed")
     assert done["events"] == total

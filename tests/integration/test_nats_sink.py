@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,7 +16,7 @@ import pytest
 
 from lapidus.sinks.subjects import decoder_for
 from tests.conftest import wait_until
-from tests.integration.conftest import pg_backend, pg_connect
+from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.nats_fixtures import (URL, create_stream, delete_stream, nats_outage,
                                              private_nats, sleep_until, stream, stream_count,
                                              stream_messages, unique_prefix, wait_stream_count,
@@ -275,11 +273,7 @@ def test_nats_down_at_start_up_holds_events_until_it_comes(lapidus_factory, pg_d
 def nats_state(proc, connected: bool, down_for_more_than: float = -1):
     """The nats sink's state in ``lapidusctl status --json``, if it is ``connected`` (and
     down for more than ``down_for_more_than`` seconds); else None."""
-    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(proc.config_path),
-                             "status", "--json"], capture_output=True, text=True, timeout=30)
-    if result.returncode != 0:
-        return None
-    state = json.loads(result.stdout)["backends"][0]["sinks"].get("nats")
+    state = backend_status(proc.config_path).get("sinks", {}).get("nats")
     if not state or state["connected"] is not connected:
         return None
     if not connected and (state["down_seconds"] or 0) <= down_for_more_than:
