@@ -1,9 +1,9 @@
 """The stdout sink: line-delimited JSON, one event per line, flushed per batch.
 
-Runs in the dispatcher process.  One instance per file descriptor serves every backend that writes
-there, and its lock keeps one batch's lines together.  The write itself runs in a thread: a slow reader of standard output (a pipe into
-a slow consumer) must hold back only what goes to standard output, not the dispatcher's loop and
-with it every other sink.
+Runs in the dispatcher process. One instance per file descriptor serves every backend that
+writes there, and its lock keeps one batch's lines together. The write itself runs in a thread:
+a slow reader of standard output (a pipe into a slow consumer) must hold back only what goes to
+standard output, not the dispatcher's loop and with it every other sink.
 A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
 cleanly, and the batch that could not be written is not confirmed, so its position is not saved.
 """

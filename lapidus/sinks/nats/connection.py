@@ -47,7 +47,7 @@ def how_to_fix(error: BaseException) -> Optional[str]:
     if isinstance(error, ssl.SSLCertVerificationError):
         return ("the server's TLS certificate is not trusted: set tls_ca_file to the CA that "
                 "signed it, and tls_hostname if it names another host")
-    if isinstance(error, ssl.SSLError) or "tls" in text:
+    if isinstance(error, ssl.SSLError):
         return ("TLS failed: use a tls:// URL only for a server with TLS enabled, and check "
                 "tls_ca_file, tls_cert_file and tls_key_file")
     return None
