@@ -1,5 +1,5 @@
-"""The nats sink against private nats-servers that require a token, a user and password, or
-TLS: events arrive, secrets stay out of the log, and wrong settings are errors that say what to
+"""The nats sink against private nats-servers that require a token, a user and password, an
+NKey, or TLS: events arrive, secrets stay out of the log, and wrong settings are errors that say what to
 change while the events wait."""
 
 from __future__ import annotations
@@ -33,6 +33,19 @@ def make_certificates(directory: Path) -> dict:
     return {name: str(directory / name) for name in ("ca.pem", "server.pem", "server.key")}
 
 
+def make_user_nkey(directory: Path):
+    """(a file holding a new user NKey seed, its public key)."""
+    import nacl.signing
+    import nkeys
+
+    seed = nkeys.encode_seed(nacl.signing.SigningKey.generate().encode(),
+                             nkeys.PREFIX_BYTE_USER)
+    path = directory / "user.nk"
+    path.write_bytes(seed + b"\n")
+    path.chmod(0o600)
+    return str(path), nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
 def secured(mode: str, server, tmp_path):
     """(nats-server options, the plugin's options, nats-py options, URL) for ``mode``."""
     if mode == "token":
@@ -40,6 +53,12 @@ def secured(mode: str, server, tmp_path):
     if mode == "user_password":
         return (["--user", "lapidus", "--pass", SECRET], {"user": "lapidus", "password": SECRET},
                 {"user": "lapidus", "password": SECRET}, server.url)
+    if mode == "nkey":
+        seed_file, public_key = make_user_nkey(tmp_path)
+        (tmp_path / "nkey.conf").write_text(
+            f'authorization {{ users = [ {{ nkey: "{public_key}" }} ] }}\n')
+        return (["-c", str(tmp_path / "nkey.conf")], {"nkeys_seed": seed_file},
+                {"nkeys_seed": seed_file}, server.url)
     certs = make_certificates(tmp_path)
     return (["--tls", "--tlscert", certs["server.pem"], "--tlskey", certs["server.key"]],
             {"tls_ca_file": certs["ca.pem"]},
@@ -53,7 +72,7 @@ def start_lapidus(lapidus_factory, pg_db, url: str, plugin: dict):
                                                  "reconnect_time_wait": 0.3, **plugin}}})
 
 
-@pytest.mark.parametrize("mode", ["token", "user_password", "tls"])
+@pytest.mark.parametrize("mode", ["token", "user_password", "nkey", "tls"])
 def test_events_arrive_over_an_authenticated_or_tls_connection(lapidus_factory, pg_db,
                                                                private_nats, tmp_path, mode):
     server_options, plugin, client, url = secured(mode, private_nats, tmp_path)
