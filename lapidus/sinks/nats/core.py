@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import nats
 
 from ..base import SinkError
-from .connection import Connection, ConnectionLost
+from .connection import Connection, ConnectionLost, Session
 from .messages import Message
 from .wire import Wire
 
@@ -71,16 +71,10 @@ class CorePublisher:
             for message in messages:
                 frames.add(message.subject, "", message.header, message.payload)
                 if frames.count == YIELD_EVERY:
-                    await write_connected(wire, frames)
+                    await write_connected(wire, frames, conn, session)
                     await asyncio.sleep(0)
-            await write_connected(wire, frames)
-            flush = asyncio.ensure_future(nc.flush(timeout=self.flush_timeout))
-            try:
-                await first_of(flush, session.lost)
-            finally:
-                if not flush.done():
-                    flush.cancel()
-            flush.result()
+            await write_connected(wire, frames, conn, session)
+            await round_trip(wire, conn, session, self.flush_timeout)
         except nats.errors.FlushTimeoutError:
             if not conn.intact(session):
                 raise ConnectionLost() from None
@@ -95,13 +89,32 @@ class CorePublisher:
             raise ConnectionLost()
 
 
-async def write_connected(wire: Wire, frames: Any) -> None:
-    """Hand ``frames`` to nats-py, unless the connection is down: publishing while
-    reconnecting would go to nats-py's buffer, which the connection drops (see
-    Connection._drop_unsent), so the caller stops and resends instead."""
-    if not wire.nc.is_connected:
+async def write_connected(wire: Wire, frames: Any, connection: Connection,
+                          session: Session) -> None:
+    """Hand ``frames`` to nats-py, only while the connection of ``session`` (the one the
+    batch started on) is still open; ConnectionLost otherwise, and the caller resends from
+    the first unconfirmed message.  Checked before: publishing while reconnecting would go
+    to nats-py's buffer, which the connection drops (Connection._drop_unsent).  And after:
+    with the server not reading, handing over can wait inside nats-py until a reconnect, and
+    the rest of the batch must not follow on the new connection ahead of its dropped head."""
+    if not connection.intact(session):
         raise ConnectionLost()
     await wire.send(frames)
+    if not connection.intact(session):
+        raise ConnectionLost()
+
+
+async def round_trip(wire: Wire, connection: Connection, session: Session,
+                     timeout: float) -> None:
+    """Return once the server has processed everything written on ``session``'s connection
+    (PING/PONG, see Wire.ping); ConnectionLost if it dropped first, FlushTimeoutError after
+    ``timeout`` seconds."""
+    pong = wire.ping(timeout)
+    if not await first_of(pong, session.lost, timeout):
+        raise nats.errors.FlushTimeoutError
+    pong.result()       # the fallback's flush may have failed
+    if not connection.intact(session):
+        raise ConnectionLost()
 
 
 def too_large(message: Message, nc: Any) -> SinkError:

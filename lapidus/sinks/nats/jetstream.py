@@ -33,7 +33,7 @@ import orjson
 
 from ..base import SinkError
 from .connection import Connection, ConnectionLost
-from .core import YIELD_EVERY, first_of, too_large, write_connected
+from .core import YIELD_EVERY, first_of, round_trip, too_large, write_connected
 from .messages import Message
 from .wire import Wire
 
@@ -148,7 +148,7 @@ class JetStreamPublisher:
                 # A resend already holds its place in the window (its number stays waiting
                 # until acked); only a first send needs room.
                 if number not in waiting and len(waiting) >= self.max_pending:
-                    await write_connected(wire, frames)     # the acks come for what is sent
+                    await write_connected(wire, frames, self.connection, session)   # acks follow
                     if not await self._wait_for_space(session):
                         return  # acks stalled: stop filling the window; the caller resends
                 if batch.error is not None:
@@ -157,9 +157,9 @@ class JetStreamPublisher:
                            message.payload)
                 waiting[number] = index
                 if frames.count >= YIELD_EVERY:
-                    await write_connected(wire, frames)
+                    await write_connected(wire, frames, self.connection, session)
                     await asyncio.sleep(0)   # see core.YIELD_EVERY
-            await write_connected(wire, frames)
+            await write_connected(wire, frames, self.connection, session)
         except nats.errors.MaxPayloadError:
             raise too_large(message, self.connection.nc) from None
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
@@ -198,22 +198,14 @@ class JetStreamPublisher:
         them, as in core mode."""
         if all(n >= 0 for n in batch.numbers):
             return
-        flush = asyncio.ensure_future(self.connection.nc.flush(timeout=self.flush_timeout))
         try:
-            await first_of(flush, session.lost)
-        finally:
-            if not flush.done():
-                flush.cancel()
-        try:
-            flush.result()
+            await round_trip(self.wire, self.connection, session, self.flush_timeout)
         except nats.errors.FlushTimeoutError:
             if not self.connection.intact(session):
                 raise ConnectionLost() from None
             raise SinkError(f"NATS did not answer a flush within {self.flush_timeout:g} s "
                             f"(confirming the cache_prefix messages); the batch will be sent "
                             f"again. If the server is overloaded, raise flush_timeout") from None
-        if not self.connection.intact(session):
-            raise ConnectionLost()
 
     # -- acks --------------------------------------------------------------------------------
 

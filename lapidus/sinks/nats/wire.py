@@ -21,6 +21,7 @@ built by :mod:`.messages` from values that cannot hold CR or LF (see ``header_bl
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable, Dict, Optional
 
 import nats.errors
@@ -29,7 +30,9 @@ from nats.protocol.parser import AWAITING_CONTROL_LINE
 #: handler(subject, data, raw_headers_or_None) for each message on the ack subscription
 AckHandler = Callable[[bytes, bytes, Optional[bytes]], None]
 
-_INTERNALS = ("_send_command", "_flush_pending", "_flush_queue", "_process_msg")
+_INTERNALS = ("_send_command", "_flush_pending", "_flush_queue", "_process_msg", "_pongs",
+              "_pending", "_pending_data_size", "_transport")
+_PING = b"PING\r\n"
 
 
 def parse_header_block(block: bytes) -> Dict[str, str]:
@@ -40,6 +43,11 @@ def parse_header_block(block: bytes) -> Dict[str, str]:
             key, _, value = line.partition(": ")
             out[key] = value
     return out
+
+
+def _retrieve(future: "asyncio.Future[Any]") -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Frames:
@@ -109,6 +117,32 @@ class Wire:
         # As Client._send_publish: wake the flusher task unless a wake-up is already queued.
         if nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()
+
+    def ping(self, timeout: float) -> "asyncio.Future[Any]":
+        """A PING written after everything handed to nats-py so far; the future is done when
+        its PONG arrives (the server then has processed all of it).  Wait on it with a
+        timeout of your own and leave it be when the time is up.
+
+        Not ``nc.flush()``: it writes its PING straight to the socket, ahead of what nats-py
+        still buffers (a PONG could then confirm messages the server never got), and on its
+        timeout it cancels the future it queued for the PONG, which makes nats-py's read loop
+        end at the next PONG (``set_result`` on a cancelled future); the connection then
+        reads nothing until nats-py notices it is stale.  The fallback (``fast`` false) is
+        ``nc.flush(timeout)``: same waiting, without those guarantees."""
+        nc = self.nc
+        if not self.fast:
+            flush = asyncio.ensure_future(nc.flush(timeout=timeout))
+            flush.add_done_callback(_retrieve)    # a caller that gave up does not read it
+            return flush
+        if nc._pending_data_size:
+            # What nats-py still buffers goes to the socket first (as its flusher would).
+            nc._transport.writelines(nc._pending[:])
+            nc._pending = []
+            nc._pending_data_size = 0
+        pong: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
+        nc._pongs.append(pong)
+        nc._transport.write(_PING)
+        return pong
 
     async def subscribe_acks(self, subject: str, handler: AckHandler,
                              pending_msgs_limit: int) -> None:
