@@ -239,6 +239,32 @@ def test_jetstream_resends_lost_acks_that_fill_the_window():
     asyncio.run(run())
 
 
+def test_jetstream_cache_messages_after_a_stalled_full_window_are_still_sent():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True, cache_prefix="cache.",
+                                                   max_pending_acks=2, ack_timeout=0.1)
+        # the first acks of events 0 and 1 are lost: the window is full, the first send
+        # stops there, and the stall's resend must also write the cache messages after it
+        conn.nc.ack = lambda s, h, attempt: (None if attempt == 1 and h["Nats-Msg-Id"] in (
+            "pg:0/1:0", "pg:0/1:1") else b'{"stream":"S","seq":1}')
+        await asyncio.wait_for(publisher.publish(messages.build(records(4))), 5)
+        cache = [s for s in subjects(conn.nc) if s.startswith("cache.")]
+        assert sorted(cache) == [f"cache.populate.public.t.{i}" for i in range(4)]
+    asyncio.run(run())
+
+
+def test_jetstream_ack_of_a_stream_named_error_is_not_an_error():
+    async def run():
+        conn, publisher, messages, _ = await setup(jetstream=True)
+        conn.nc.ack = lambda s, h, a: b'{"stream":"error","domain":"error","seq":1}'
+        await asyncio.wait_for(publisher.publish(messages.build(records(3))), 2)
+        conn.nc.ack = lambda s, h, a: (b'{"error":{"code":503,"err_code":10077,'
+                                       b'"description":"maximum messages exceeded"}}')
+        with pytest.raises(SinkError, match="maximum messages exceeded"):
+            await asyncio.wait_for(publisher.publish(messages.build(records(1))), 2)
+    asyncio.run(run())
+
+
 def test_jetstream_gives_up_after_repeated_silence_with_a_clear_error():
     async def run():
         conn, publisher, messages, _ = await setup(jetstream=True, ack_timeout=0.02)

@@ -41,15 +41,27 @@ MAX_STALLS = 3
 _NO_RESPONDERS = "503"
 
 
+def _is_error_ack(data: bytes) -> bool:
+    """Whether a JetStream answer is an error (``{"error": {...}}``), read as JSON: only
+    called when the bytes contain ``"error"``, which a stream or domain named ``error`` puts
+    into every successful ack too."""
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return True
+    return not isinstance(answer, dict) or "error" in answer
+
+
 class _Batch:
     """Ack bookkeeping of the batch in flight."""
 
-    __slots__ = ("messages", "numbers", "acked", "remaining", "done", "error")
+    __slots__ = ("messages", "numbers", "acked", "plain_sent", "remaining", "done", "error")
 
     def __init__(self, messages: Sequence[Message], numbers: List[int]):
         self.messages = messages
         self.numbers = numbers                     # reply number of each message, -1: no ack
         self.acked = bytearray(len(messages))
+        self.plain_sent = bytearray(len(messages))  # plain (no ack) messages written
         self.remaining = sum(1 for n in numbers if n >= 0)
         self.done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         self.error: Optional[SinkError] = None
@@ -105,8 +117,9 @@ class JetStreamPublisher:
                 await self.connection.wait_ready(held=batch.remaining)
                 session = self.connection.session()
                 try:
-                    # After a stall only unacked stored messages go again; after a lost
-                    # connection also the plain cache messages, which may have died with it.
+                    # After a stall the unacked stored messages go again, and the plain
+                    # cache messages not yet written (a full window stops a send early);
+                    # after a lost connection every plain one, which may have died with it.
                     await self._send(batch, session, resend_plain=stalls == 0)
                     if await self._acked(batch, session):
                         await self._confirm_plain(batch, session)
@@ -142,8 +155,10 @@ class JetStreamPublisher:
                     continue
                 number = batch.numbers[index]
                 if number < 0:
-                    if resend_plain:
+                    # After a stall only those never written; after a lost connection all.
+                    if resend_plain or not batch.plain_sent[index]:
                         frames.add(message.subject, "", message.header, message.payload)
+                        batch.plain_sent[index] = 1
                     continue
                 # A resend already holds its place in the window (its number stays waiting
                 # until acked); only a first send needs room.
@@ -221,7 +236,7 @@ class JetStreamPublisher:
             self._space.set()
         if index is None or batch is None or batch.acked[index]:
             return    # ack of an earlier send of a message already acknowledged
-        if data[:1] == b"{" and b'"error"' not in data:
+        if data[:1] == b"{" and (b'"error"' not in data or not _is_error_ack(data)):
             batch.acked[index] = 1
             batch.remaining -= 1
             if batch.remaining == 0 and not batch.done.done():
