@@ -373,6 +373,23 @@ def test_health_says_connected_or_down_and_for_how_long():
     assert again["connected"] is True and again["down_seconds"] is None
 
 
+@pytest.mark.timeout(20)
+def test_waiting_for_the_connection_yields_while_nats_py_reconnects(monkeypatch):
+    async def wait_for_returning_at_once(awaitable, timeout):
+        # Python 3.12's wait_for: an awaitable that is already done does not suspend
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    monkeypatch.setattr(asyncio, "wait_for", wait_for_returning_at_once)
+
+    async def run():
+        conn, _, _, _ = await setup()
+        conn.nc.is_connected = False          # reconnecting; the callback has not run yet
+        asyncio.get_running_loop().call_later(0.05, setattr, conn.nc, "is_connected", True)
+        await conn.wait_ready()
+        return conn.ready
+    assert asyncio.run(run())
+
+
 def test_connect_arguments_reconnect_forever_and_name_the_backend():
     async def run():
         conn = Connection(NatsOptions.parse({"servers": ["nats://a:1", "nats://b:2"],

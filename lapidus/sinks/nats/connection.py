@@ -166,6 +166,12 @@ class Connection:
     async def wait_ready(self, held: int = 0) -> None:
         """Return once connected; meanwhile log every 30 s how many events wait."""
         while not self.ready:
+            if self._ready.is_set():
+                # nats-py counts itself as reconnecting before our disconnected callback
+                # clears the flag: waiting on the set flag would return at once, and (with
+                # Python 3.12's wait_for) never let that callback run.
+                await asyncio.sleep(0.01)
+                continue
             try:
                 await asyncio.wait_for(self._ready.wait(), WAITING_LOG_EVERY)
             except asyncio.TimeoutError:
