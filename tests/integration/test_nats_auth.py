@@ -4,12 +4,16 @@ change while the events wait."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from lapidus.events import Record
+from lapidus.sinks.base import SinkError
+from lapidus.sinks.nats import NatsSink
 from tests.integration.conftest import pg_backend
 from tests.integration.nats_fixtures import Watcher, private_nats
 
@@ -115,3 +119,37 @@ def test_wrong_connection_settings_say_what_to_change_and_events_wait(
         assert len(watcher.wait_count(3)) == 3
     finally:
         watcher.close()
+
+
+@pytest.mark.parametrize("jetstream", [False, True])
+def test_a_publish_the_server_refuses_fails_the_batch(private_nats, tmp_path, jetstream):
+    """Core NATS has no ack: a subject the user may not publish to shows only as an -ERR.
+    The batch must fail (and be sent again), never be confirmed with a change missing."""
+    (tmp_path / "perm.conf").write_text(
+        'authorization { users = [ { user: lap, password: "%s", permissions: {'
+        ' publish: { allow: ["cdc.public.>", "_INBOX.>", "$JS.API.>"] },'
+        ' subscribe: { allow: [">"] } } } ] }\n' % SECRET)
+    private_nats.start("-c", str(tmp_path / "perm.conf"))
+
+    def record(n: int, schema: str) -> Record:
+        return Record(f"shop:0/1:{n}", "insert", schema, "t", (str(n),), "0/1", b"{}")
+
+    async def run():
+        options = {"servers": [private_nats.url], "user": "lap", "password": SECRET,
+                   "subject_prefix": "cdc"}
+        if jetstream:
+            options.update(jetstream=True, stream="PERM", subjects=["cdc.>"], ack_timeout=1)
+        sink = NatsSink(options, "shop")
+        await sink.start()
+        try:
+            await asyncio.wait_for(sink.send([record(1, "public")]), 20)     # allowed
+            with pytest.raises(SinkError) as info:
+                await asyncio.wait_for(sink.send(
+                    [record(2, "public"), record(3, "billing"), record(4, "public")]), 20)
+            return str(info.value)
+        finally:
+            await sink.close()
+
+    message = asyncio.run(run())
+    assert 'permissions violation for publish to "cdc.billing.t.3"' in message.lower()
+    assert "may not publish to that subject" in message and SECRET not in message

@@ -44,6 +44,9 @@ def how_to_fix(error: BaseException) -> Optional[str]:
             or "authentication" in text:
         return ("the server refused the credentials: check user and password, token, "
                 "nkeys_seed or credentials in the nats plugin options")
+    if "permissions violation" in text:
+        return ("the server's permissions for this user do not allow that subject: allow it "
+                "there, or change subject_prefix / subject_template")
     if isinstance(error, ssl.SSLCertVerificationError):
         return ("the server's TLS certificate is not trusted: set tls_ca_file to the CA that "
                 "signed it, and tls_hostname if it names another host")
@@ -63,6 +66,7 @@ class Session:
 
     lost: "asyncio.Future[None]"
     reconnects: int
+    refusals: int = 0       # publishes the server had refused by then (Connection.refused)
 
 
 class Connection:
@@ -78,6 +82,8 @@ class Connection:
         self._errors_logged_at = 0.0
         self._errors_suppressed = 0
         self._closing = False
+        self._refusals = 0
+        self._last_refusal = ""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -189,7 +195,13 @@ class Connection:
                 "server": self._server()}
 
     def session(self) -> Session:
-        return Session(self._lost, self.nc.stats["reconnects"])
+        return Session(self._lost, self.nc.stats["reconnects"], self._refusals)
+
+    def refused(self, session: Session) -> Optional[str]:
+        """The server's error for a publish it refused since ``session`` began (a subject the
+        user may not publish to), or None.  Core NATS has no ack: the server says so only in
+        an ``-ERR``, which it sends before the PONG that would confirm the batch."""
+        return self._last_refusal if self._refusals > session.refusals else None
 
     def intact(self, session: Session) -> bool:
         """Whether the connection of ``session`` is still the open one.  Reading the reconnect
@@ -234,6 +246,10 @@ class Connection:
             self._lost.set_result(None)
 
     async def _on_error(self, error: Exception) -> None:
+        if "permissions violation for publish" in str(error).lower():
+            # counted before the rate limit below: each one fails its batch
+            self._refusals += 1
+            self._last_refusal = str(error)
         now = time.monotonic()
         if now - self._errors_logged_at < ERROR_LOG_EVERY:
             self._errors_suppressed += 1

@@ -115,6 +115,18 @@ async def round_trip(wire: Wire, connection: Connection, session: Session,
     pong.result()       # the fallback's flush may have failed
     if not connection.intact(session):
         raise ConnectionLost()
+    raise_if_refused(connection, session)
+
+
+def raise_if_refused(connection: Connection, session: Session) -> None:
+    """A publish the server refused since ``session`` began fails the batch (it is sent
+    again, and fails again until the permissions allow it): never a confirmation."""
+    refusal = connection.refused(session)
+    if refusal is not None:
+        raise SinkError(f"NATS refused a message of this batch ({refusal}); the user of the "
+                        f"nats plugin may not publish to that subject. Fix: allow it in the "
+                        f"server's permissions for that user, or change subject_prefix / "
+                        f"subject_template (the batch will be sent again)")
 
 
 def too_large(message: Message, nc: Any) -> SinkError:

@@ -33,7 +33,8 @@ import orjson
 
 from ..base import SinkError
 from .connection import Connection, ConnectionLost
-from .core import YIELD_EVERY, first_of, round_trip, too_large, write_connected
+from .core import (YIELD_EVERY, first_of, raise_if_refused, round_trip, too_large,
+                   write_connected)
 from .messages import Message
 from .wire import Wire
 
@@ -206,6 +207,7 @@ class JetStreamPublisher:
             return True
         if not self.connection.intact(session):
             raise ConnectionLost()
+        raise_if_refused(self.connection, session)   # a refused publish is never acked
         return False
 
     async def _confirm_plain(self, batch: _Batch, session: Any) -> None:
