@@ -189,3 +189,39 @@ def test_fallback_without_nats_py_internals_still_confirms_with_a_flush():
             await wire.ping(0.5)
         return Client.flushed
     assert asyncio.run(run()) == 2
+
+
+def test_a_client_nats_py_gives_up_on_is_replaced_and_the_batch_delivered():
+    async def on_ping(n, connection, writer):
+        writer.write(b"PONG\r\n")
+        if connection == 0 and n == 1:
+            async def expire():
+                await asyncio.sleep(0.3)
+                # nats-py closes its client for good after this error and never reconnects
+                writer.write(b"-ERR 'User Authentication Expired'\r\n")
+                writer.close()
+            asyncio.ensure_future(expire())
+
+    async def run():
+        server = FakeServer(on_ping)
+        await server.start()
+        connection, core, messages = await publisher(server)
+        first = connection.nc
+        await wait_closed(first)
+        await asyncio.wait_for(core.publish(messages.build(records(3, 10))), 10)
+        replaced = connection.nc is not first
+        await connection.close()
+        server.close()
+        return replaced, server.received
+
+    replaced, received = asyncio.run(run())
+    assert replaced
+    assert received[-1] == [0, 1, 2]
+
+
+async def wait_closed(client, timeout: float = 5.0) -> None:
+    """Until nats-py has closed ``client`` (polled: it has no event to wait on)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not client.is_closed:
+        assert asyncio.get_running_loop().time() < deadline, "nats-py did not close"
+        await asyncio.sleep(0.01)

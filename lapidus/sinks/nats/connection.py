@@ -84,6 +84,9 @@ class Connection:
         self._closing = False
         self._refusals = 0
         self._last_refusal = ""
+        #: counts the nats-py clients that connected: publishers compare it with the one
+        #: they subscribed and wrote through (see CorePublisher.publish)
+        self.client_generation = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -91,7 +94,8 @@ class Connection:
         self._task = asyncio.create_task(self._connect(), name=f"nats-connect:{self.backend}")
 
     async def _connect(self) -> None:
-        self._down_since = time.monotonic()
+        if self._down_since is None:
+            self._down_since = time.monotonic()
         while True:
             try:
                 # With max_reconnect_attempts=-1 nats-py retries unreachable servers forever
@@ -110,6 +114,7 @@ class Connection:
                                **({"fix": fix} if fix else {}))
                 await asyncio.sleep(retry_in)
                 self.nc = Client()
+        self.client_generation += 1     # a new client: publishers bind to it again
         self._came_up("nats connected")
 
     def connect_arguments(self) -> Dict[str, Any]:
@@ -244,6 +249,27 @@ class Connection:
         self._ready.clear()
         if not self._lost.done():
             self._lost.set_result(None)
+        if self._closing or (self._task is not None and not self._task.done()):
+            return
+        # nats-py gives a client up for good after some server errors ("User Authentication
+        # Expired", any -ERR but a stale connection or a permission): start over with a new
+        # client, as at start-up, instead of waiting for ever on one that never reconnects.
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        error = getattr(self.nc, "last_error", None)
+        retry_in = max(self.options.reconnect_time_wait, 1.0)
+        fix = how_to_fix(error) if error is not None else None
+        self.log.warning("nats closed the connection for good; connecting again with a new "
+                         "client", server=self._server(), retry_in=retry_in,
+                         error=f"{type(error).__name__}: {error}" if error else None,
+                         **({"fix": fix} if fix else {}))
+        self._task = asyncio.create_task(self._connect_anew(retry_in),
+                                         name=f"nats-connect:{self.backend}")
+
+    async def _connect_anew(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.nc = Client()
+        await self._connect()
 
     async def _on_error(self, error: Exception) -> None:
         if "permissions violation for publish" in str(error).lower():

@@ -48,11 +48,14 @@ class CorePublisher:
 
     async def start(self) -> None:
         self.wire = Wire(self.connection.nc)
+        self.client_generation = self.connection.client_generation
 
     async def publish(self, messages: Sequence[Message]) -> None:
         """Return once the server has processed every message; resend after a reconnect."""
         while True:
             await self.connection.wait_ready(held=len(messages))
+            if self.client_generation != self.connection.client_generation:
+                await self.start()      # a new nats-py client (see Connection._on_closed)
             try:
                 await self._publish_once(messages)
                 return

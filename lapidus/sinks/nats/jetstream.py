@@ -92,6 +92,7 @@ class JetStreamPublisher:
         await self.connection.wait_ready()
         nc = self.connection.nc
         self.wire = Wire(nc)
+        self.client_generation = self.connection.client_generation
         self._inbox = nc.new_inbox() + "."
         self._inbox_len = len(self._inbox)
         # A limit far above the window: nats-py drops messages of a subscription over its
@@ -116,6 +117,8 @@ class JetStreamPublisher:
         try:
             while True:
                 await self.connection.wait_ready(held=batch.remaining)
+                if self.client_generation != self.connection.client_generation:
+                    await self.start()  # a new nats-py client: its own inbox subscription
                 session = self.connection.session()
                 try:
                     # After a stall the unacked stored messages go again, and the plain
