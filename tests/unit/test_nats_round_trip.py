@@ -94,24 +94,30 @@ async def publisher(server: FakeServer, **options):
     return connection, core, MessageBuilder("shop", settings)
 
 
+def publish_one_batch(on_ping: Callable, batch: List[Record]) -> FakeServer:
+    """Publish ``batch`` through the core publisher to a FakeServer answering ``on_ping``;
+    the server, once the batch is confirmed."""
+    async def run():
+        server = FakeServer(on_ping)
+        await server.start()
+        connection, core, messages = await publisher(server)
+        await asyncio.wait_for(core.publish(messages.build(batch)), 30)
+        await connection.close()
+        server.close()
+        return server
+    return asyncio.run(run())
+
+
 def test_the_confirming_ping_follows_every_message_of_the_batch():
     async def on_ping(n, connection, writer):
         writer.write(b"PONG\r\n")
         if n == 1:
             await asyncio.sleep(1.0)      # a slow reader for a moment: the client backs up
 
-    async def run():
-        server = FakeServer(on_ping)
-        await server.start()
-        connection, core, messages = await publisher(server)
-        await asyncio.wait_for(core.publish(messages.build(records(266, 12000))), 30)
-        await connection.close()
-        server.close()
-        return server.at_ping[0]
-
+    server = publish_one_batch(on_ping, records(266, 12000))
     # nats-py's own flush wrote its PING ahead of what it still buffered: the PONG then
     # confirmed a batch of which the server had seen 256 messages
-    assert asyncio.run(run())[1] == 266
+    assert server.at_ping[0][1] == 266
 
 
 def test_a_flush_timeout_leaves_nats_py_reading():
@@ -153,16 +159,7 @@ def test_a_batch_held_back_across_a_reconnect_starts_again_from_its_first_messag
             await asyncio.sleep(1.0)          # stops reading: nats-py's buffer fills
             return False                      # then the connection dies
 
-    async def run():
-        server = FakeServer(on_ping)
-        await server.start()
-        connection, core, messages = await publisher(server)
-        await asyncio.wait_for(core.publish(messages.build(records(600, 12000))), 30)
-        await connection.close()
-        server.close()
-        return server.received
-
-    received = asyncio.run(run())
+    received = publish_one_batch(on_ping, records(600, 12000)).received
     assert len(received) >= 2
     # Before: the tail of the batch went out on the new connection first, then its head.
     assert received[-1] == list(range(600))
