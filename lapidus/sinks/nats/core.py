@@ -112,6 +112,8 @@ async def round_trip(wire: Wire, connection: Connection, session: Session,
     """Return once the server has processed everything written on ``session``'s connection
     (PING/PONG, see Wire.ping); ConnectionLost if it dropped first, FlushTimeoutError after
     ``timeout`` seconds."""
+    if not connection.intact(session):
+        raise ConnectionLost()
     pong = wire.ping(timeout)
     if not await first_of(pong, session.lost, timeout):
         raise nats.errors.FlushTimeoutError
