@@ -56,6 +56,12 @@ def how_to_fix(error: BaseException) -> Optional[str]:
     return None
 
 
+def fix_field(error: Optional[BaseException]) -> Dict[str, str]:
+    """``{"fix": ...}`` for a log line about ``error`` when :func:`how_to_fix` knows one."""
+    fix = how_to_fix(error) if error is not None else None
+    return {"fix": fix} if fix else {}
+
+
 class ConnectionLost(Exception):
     """The connection dropped while a batch was in flight; resend it once reconnected."""
 
@@ -107,11 +113,10 @@ class Connection:
                 raise
             except Exception as exc:
                 retry_in = max(self.options.reconnect_time_wait, 5.0)
-                fix = how_to_fix(exc)
                 self.log.error("cannot connect to NATS; check the nats plugin options",
                                error=f"{type(exc).__name__}: {exc}", retry_in=retry_in,
                                servers=[redact_url(s) for s in self.options.servers],
-                               **({"fix": fix} if fix else {}))
+                               **fix_field(exc))
                 await asyncio.sleep(retry_in)
                 self.nc = Client()
         self.client_generation += 1     # a new client: publishers bind to it again
@@ -258,11 +263,10 @@ class Connection:
             self._down_since = time.monotonic()
         error = getattr(self.nc, "last_error", None)
         retry_in = max(self.options.reconnect_time_wait, 1.0)
-        fix = how_to_fix(error) if error is not None else None
         self.log.warning("nats closed the connection for good; connecting again with a new "
                          "client", server=self._server(), retry_in=retry_in,
                          error=f"{type(error).__name__}: {error}" if error else None,
-                         **({"fix": fix} if fix else {}))
+                         **fix_field(error))
         self._task = asyncio.create_task(self._connect_anew(retry_in),
                                          name=f"nats-connect:{self.backend}")
 
@@ -282,10 +286,9 @@ class Connection:
             return
         self._errors_logged_at = now
         # nats-py's messages name the server at most; they never contain the credentials.
-        fix = how_to_fix(error)
         self.log.warning("nats connection error", error=f"{type(error).__name__}: {error}",
                          server=self._server(), similar_errors_since_last=self._errors_suppressed,
-                         **({"fix": fix} if fix else {}))
+                         **fix_field(error))
         self._errors_suppressed = 0
 
     def _drop_unsent(self) -> None:

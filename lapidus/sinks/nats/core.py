@@ -77,13 +77,8 @@ class CorePublisher:
                     await write_connected(wire, frames, conn, session)
                     await asyncio.sleep(0)
             await write_connected(wire, frames, conn, session)
-            await round_trip(wire, conn, session, self.flush_timeout)
-        except nats.errors.FlushTimeoutError:
-            if not conn.intact(session):
-                raise ConnectionLost() from None
-            raise SinkError(f"NATS did not answer a flush within {self.flush_timeout:g} s "
-                            f"(server {conn._server()}); the batch will be sent again. If the "
-                            f"server is overloaded, raise flush_timeout") from None
+            await round_trip(wire, conn, session, self.flush_timeout,
+                             waiting_for=f"server {conn._server()}")
         except nats.errors.MaxPayloadError:
             raise too_large(message, nc) from None
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
@@ -108,16 +103,23 @@ async def write_connected(wire: Wire, frames: Any, connection: Connection,
 
 
 async def round_trip(wire: Wire, connection: Connection, session: Session,
-                     timeout: float) -> None:
+                     timeout: float, waiting_for: str) -> None:
     """Return once the server has processed everything written on ``session``'s connection
-    (PING/PONG, see Wire.ping); ConnectionLost if it dropped first, FlushTimeoutError after
-    ``timeout`` seconds."""
+    (PING/PONG, see Wire.ping).  ConnectionLost if it dropped first; after ``timeout``
+    seconds on a live connection a SinkError naming ``waiting_for`` and the fix."""
     if not connection.intact(session):
         raise ConnectionLost()
     pong = wire.ping(timeout)
-    if not await first_of(pong, session.lost, timeout):
-        raise nats.errors.FlushTimeoutError
-    pong.result()       # the fallback's flush may have failed
+    try:
+        if not await first_of(pong, session.lost, timeout):
+            raise nats.errors.FlushTimeoutError
+        pong.result()       # the fallback's flush may have failed
+    except nats.errors.FlushTimeoutError:
+        if not connection.intact(session):
+            raise ConnectionLost() from None
+        raise SinkError(f"NATS did not answer a flush within {timeout:g} s ({waiting_for}); "
+                        f"the batch will be sent again. If the server is overloaded, raise "
+                        f"flush_timeout") from None
     if not connection.intact(session):
         raise ConnectionLost()
     raise_if_refused(connection, session)

@@ -218,14 +218,8 @@ class JetStreamPublisher:
         them, as in core mode."""
         if all(n >= 0 for n in batch.numbers):
             return
-        try:
-            await round_trip(self.wire, self.connection, session, self.flush_timeout)
-        except nats.errors.FlushTimeoutError:
-            if not self.connection.intact(session):
-                raise ConnectionLost() from None
-            raise SinkError(f"NATS did not answer a flush within {self.flush_timeout:g} s "
-                            f"(confirming the cache_prefix messages); the batch will be sent "
-                            f"again. If the server is overloaded, raise flush_timeout") from None
+        await round_trip(self.wire, self.connection, session, self.flush_timeout,
+                         waiting_for="confirming the cache_prefix messages")
 
     # -- acks --------------------------------------------------------------------------------
 
