@@ -11,11 +11,11 @@ import json
 import sys
 from typing import List, Optional
 
-from . import __version__, logs
+from . import __version__, exitcodes, logs
 from .config import ConfigError, load_config
 from .sinks import registry
 
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = exitcodes.OK, exitcodes.RUNTIME, exitcodes.USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,11 @@ import sys
 import time
 from typing import List, Optional
 
+from . import exitcodes
 from .control import ControlUnavailable, request
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = (
+    exitcodes.OK, exitcodes.REFUSED, exitcodes.USAGE, exitcodes.UNREACHABLE)
 
 COLUMNS = ("backend", "state", "pid", "uptime", "restarts", "position", "lag", "events/s",
            "sinks", "last error")

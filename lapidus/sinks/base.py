@@ -18,6 +18,24 @@ class SinkError(Exception):
     """A sink could not deliver; the dispatcher retries the same batch with backoff."""
 
 
+class UndeliverableError(SinkError):
+    """One record that the destination refuses for good (too large, not permitted): retrying
+    the batch cannot help.
+
+    ``index`` is the record's place in the batch given to :meth:`Sink.send`; the records before
+    it may or may not have been delivered (a resend repeats them with their ids).  ``reason``
+    says why, ``fix`` what the operator can change.  The dispatcher applies the backend's
+    ``on_undeliverable`` policy: hold the backend (retrying slowly, the record shown in
+    ``lapidusctl status``) or move the record to the dead letters and go on.
+    """
+
+    def __init__(self, index: int, reason: str, fix: str = ""):
+        super().__init__(reason + (f"; fix: {fix}" if fix else ""))
+        self.index = index
+        self.reason = reason
+        self.fix = fix
+
+
 class OutputClosed(Exception):
     """The sink's consumer went away for good (stdout closed by ``head``): stop cleanly."""
 

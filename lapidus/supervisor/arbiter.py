@@ -24,9 +24,10 @@ from typing import Dict, List, Optional
 
 from .. import logs
 from ..workers.runner import worker_main
-from .backoff import RestartPolicy
+from .. import exitcodes
+from ..backoff import RestartPolicy
 from .control_server import ControlServer
-from .dispatcher import EXIT_OUTPUT_CLOSED, dispatcher_main
+from .dispatcher import dispatcher_main
 from .handles import ChildHandle
 from .http import HttpServer
 from .notify import Notifier
@@ -230,7 +231,7 @@ class Arbiter:
         if code is not None:
             self.dispatcher.receive()
             self.dispatcher.process = None
-            if code == EXIT_OUTPUT_CLOSED:
+            if code == exitcodes.OUTPUT_CLOSED:
                 self.log.info("output closed; stopping")
                 self.begin_stop("output closed")
             elif self.stopping:

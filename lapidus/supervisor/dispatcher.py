@@ -16,14 +16,13 @@ import signal
 import sys
 from typing import Dict, List, Optional
 
-from .. import logs
+from .. import exitcodes, logs
 from ..events import Record
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 
-EXIT_OUTPUT_CLOSED = 4   # a sink's consumer went away for good: the supervisor stops cleanly
 RETRY_MAX = 10.0
 
 
@@ -258,7 +257,7 @@ class Dispatcher:
                 self.log.warning("error while closing a sink", error=str(exc))
         if isinstance(self.failed, OutputClosed):
             self.log.info("output closed; stopping")
-            return EXIT_OUTPUT_CLOSED
+            return exitcodes.OUTPUT_CLOSED
         if self.failed is not None:
             self.log.error("dispatcher failed", error=repr(self.failed))
             return 1

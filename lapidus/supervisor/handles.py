@@ -13,8 +13,9 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 import psutil
 
 from ..procutil import kill_tree
-from .backoff import RestartPolicy
-from .states import EXIT_FATAL, EXIT_OK, State
+from .. import exitcodes
+from ..backoff import RestartPolicy
+from .states import State
 
 
 class ChildHandle:
@@ -120,13 +121,13 @@ class ChildHandle:
             self.state = State.STOPPED
             self.log.info("stopped", exit_code=code)
             return
-        if code == EXIT_FATAL or self.fatal_reported:
+        if code == exitcodes.CHILD_FATAL or self.fatal_reported:
             # STARTING/RUNNING -> FATAL: retrying cannot help (configuration, credentials ...)
             self.state = State.FATAL
             self.log.error("backend is FATAL; fix the problem and restart it",
                            error=self.last_error)
             return
-        if code == EXIT_OK:
+        if code == exitcodes.CHILD_OK:
             self.last_error = self.last_error or "exited unexpectedly"
         elif code is not None and code < 0:
             self.last_error = f"killed by signal {-code}"

@@ -40,7 +40,7 @@ class Family:
         return "\n".join(lines)
 
 
-STATE_VALUES = ("STOPPED", "STARTING", "RUNNING", "BACKOFF", "STOPPING", "FATAL")
+STATE_VALUES = ("STOPPED", "STARTING", "RUNNING", "WAITING", "BACKOFF", "STOPPING", "FATAL")
 
 
 def render(status: dict) -> str:

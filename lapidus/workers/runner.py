@@ -19,17 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Deque, Optional, Tuple
 
-from .. import logs
+from .. import exitcodes, logs
 from ..checkpoint import CheckpointStore
 from ..events import record_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
-
-# Exit codes the supervisor understands (see lapidus.supervisor.states).
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_FATAL = 3          # retrying cannot help: configuration, credentials, server settings
 
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
@@ -96,14 +91,14 @@ class WorkerLoop:
             self._drain(link)
             self._save(force=True, source=source)
             link.close()
-            return EXIT_OK
+            return exitcodes.CHILD_OK
         except BackendError as exc:
             self.report("error", message=str(exc), fatal=exc.fatal)
             self.log.error("backend failed", error=str(exc), fatal=exc.fatal)
-            return EXIT_FATAL if exc.fatal else EXIT_ERROR
+            return exitcodes.CHILD_FATAL if exc.fatal else exitcodes.CHILD_ERROR
         except LinkLost as exc:
             self.log.warning("lost the dispatcher; restarting", error=str(exc))
-            return EXIT_ERROR
+            return exitcodes.LINK_LOST
         finally:
             try:
                 if source is not None:
@@ -236,6 +231,6 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
         code = run_profiled(f"worker-{backend.name}", loop.run)
     except Exception:
         log.exception("worker crashed")
-        code = EXIT_ERROR
+        code = exitcodes.CHILD_ERROR
     sys.stdout.flush()
     os._exit(code)

@@ -8,9 +8,10 @@ import random
 import pytest
 import structlog
 
-from lapidus.supervisor.backoff import RestartPolicy
+from lapidus.backoff import RestartPolicy
 from lapidus.supervisor.handles import ChildHandle
-from lapidus.supervisor.states import EXIT_ERROR, EXIT_FATAL, EXIT_OK, State
+from lapidus.exitcodes import CHILD_ERROR as EXIT_ERROR, CHILD_FATAL as EXIT_FATAL, CHILD_OK as EXIT_OK
+from lapidus.supervisor.states import State
 
 
 class FixedRandom:
