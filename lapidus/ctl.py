@@ -142,6 +142,16 @@ def sinks_text(sinks: Optional[dict]) -> str:
     return ", ".join(parts) or "-"
 
 
+def error_text(row: dict) -> str:
+    """The last column: what the backend waits for, or its last error."""
+    error = row.get("last_error") or ""
+    if row.get("state") == "WAITING" and row.get("waiting_for"):
+        waiting = (f"waiting for {row['waiting_for']} since "
+                   f"{human_duration(row.get('waiting_seconds'))}")
+        return f"{waiting}: {error}" if error else waiting
+    return error or "-"
+
+
 def format_status(status: dict) -> str:
     rows = [COLUMNS]
     for b in status.get("backends", []):
@@ -149,7 +159,7 @@ def format_status(status: dict) -> str:
                      human_duration(b.get("uptime")), str(b.get("restarts", 0)),
                      str(b.get("position") or "-"), lag_text(b),
                      f"{b.get('events_per_second', 0):.0f}", sinks_text(b.get("sinks")),
-                     (b.get("last_error") or "-")[:120]))
+                     error_text(b)[:160]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
     lines = []
     for r in rows:

@@ -202,7 +202,7 @@ class Arbiter:
         now = time.monotonic()
         timeout = float(self.config.supervisor.heartbeat_timeout)
         for handle in self.workers.values():
-            if handle.state == State.RUNNING and handle.process is not None \
+            if handle.state in (State.RUNNING, State.WAITING) and handle.process is not None \
                     and now - handle.last_report > timeout:
                 handle.last_error = f"no heartbeat for {timeout:.0f}s; killed"
                 self.log.error("worker stopped reporting; killing it", backend=handle.name,

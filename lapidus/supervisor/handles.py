@@ -18,6 +18,12 @@ from ..backoff import RestartPolicy
 from .states import State
 
 
+LINK_LOST_DELAY = 0.2   # seconds before a worker whose dispatcher died starts again
+
+# what a "waiting" report adds to the status, removed again by the next "ready"
+WAITING_FIELDS = ("waiting_for", "waiting_since")
+
+
 class ChildHandle:
     def __init__(self, name: str, policy: RestartPolicy, log):
         self.name = name
@@ -72,11 +78,22 @@ class ChildHandle:
                 return
             self.last_report = time.monotonic()
             if kind == "ready":
-                if self.state == State.STARTING:
-                    # STARTING -> RUNNING: connected and positioned, not merely alive
+                if self.state in (State.STARTING, State.WAITING):
+                    # STARTING/WAITING -> RUNNING: connected and positioned, not merely alive
                     self.state = State.RUNNING
                     self.log.info("running", **fields)
+                for key in WAITING_FIELDS:
+                    self.info.pop(key, None)
                 self.info.update(fields)
+            elif kind == "waiting":
+                # The worker cannot reach its database and retries by itself (not a crash);
+                # it repeats this report while it waits, which keeps its heartbeat.
+                if self.state in (State.STARTING, State.RUNNING):
+                    # STARTING/RUNNING -> WAITING
+                    self.state = State.WAITING
+                self.info.update(waiting_for=fields.get("target"),
+                                 waiting_since=fields.get("since"))
+                self.last_error = fields.get("error") or self.last_error
             elif kind == "stats":
                 self.info.update(fields)
                 self._sample_rate(fields.get("events"))
@@ -127,6 +144,13 @@ class ChildHandle:
             self.log.error("backend is FATAL; fix the problem and restart it",
                            error=self.last_error)
             return
+        if code == exitcodes.LINK_LOST:
+            # RUNNING/STARTING -> BACKOFF: its dispatcher went away, the worker did nothing
+            # wrong; it starts again as soon as there is a dispatcher, without a crash counted.
+            self.state = State.BACKOFF
+            self.next_start = now + LINK_LOST_DELAY
+            self.log.info("lost its dispatcher; starting again", exit_code=code)
+            return
         if code == exitcodes.CHILD_OK:
             self.last_error = self.last_error or "exited unexpectedly"
         elif code is not None and code < 0:
@@ -164,7 +188,8 @@ class ChildHandle:
         """What ``lapidusctl status`` shows for this child."""
         out = {"name": self.name, "state": self.state.value, "pid": self.pid,
                "restarts": self.restarts, "last_error": self.last_error}
-        if self.started_at is not None and self.state in (State.RUNNING, State.STARTING):
+        if self.started_at is not None and self.state in (State.RUNNING, State.STARTING,
+                                                          State.WAITING):
             out["uptime"] = round(time.monotonic() - self.started_at, 1)
         if self.pid:
             try:
@@ -172,6 +197,8 @@ class ChildHandle:
             except psutil.NoSuchProcess:
                 pass
         out.update((k, v) for k, v in self.info.items() if k != "event_counts")
+        if self.state == State.WAITING and self.info.get("waiting_since"):
+            out["waiting_seconds"] = round(max(0.0, time.time() - self.info["waiting_since"]), 1)
         # {"schema.table": {"insert": n, ...}}: JSON-safe for lapidusctl, nested for /metrics
         counts: Dict[str, Dict[str, int]] = {}
         for source in (self.counts_base, self.info.get("event_counts") or {}):
