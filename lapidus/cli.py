@@ -70,10 +70,10 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({len(config.backends)} backend(s))", file=sys.stderr)
         return EXIT_OK
     logs.configure(config.log.format, config.log.level, process="supervisor")
-    from .supervisor.arbiter import AlreadyRunning, Arbiter
+    from .supervisor.arbiter import AlreadyRunning, Arbiter, StartFailed
     try:
         return Arbiter(config).run()
-    except AlreadyRunning as exc:
+    except (AlreadyRunning, StartFailed) as exc:
         print(f"lapidus: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
 

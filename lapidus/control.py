@@ -29,8 +29,20 @@ def encode_message(message: Dict[str, Any]) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
+def decode_body(body: bytes) -> Dict[str, Any]:
+    """A message body as its JSON object; ValueError for anything else."""
+    try:
+        message = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a JSON message: {exc}") from None
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    return message
+
+
 def read_message(sock: socket.socket) -> Optional[Dict[str, Any]]:
-    """Read one framed message (blocking); None if the peer closed first."""
+    """Read one framed message (blocking, bounded by the socket's timeout); None if the peer
+    closed first; ValueError for something that is not a message."""
     header = _read_exact(sock, LENGTH.size)
     if header is None:
         return None
@@ -40,7 +52,7 @@ def read_message(sock: socket.socket) -> Optional[Dict[str, Any]]:
     body = _read_exact(sock, length)
     if body is None:
         return None
-    return json.loads(body)
+    return decode_body(body)
 
 
 def _read_exact(sock: socket.socket, size: int) -> Optional[bytes]:
@@ -55,7 +67,11 @@ def _read_exact(sock: socket.socket, size: int) -> Optional[bytes]:
 
 
 def request(path: str, message: Dict[str, Any], timeout: float = 10.0) -> Dict[str, Any]:
-    """Send one request to the supervisor at ``path`` and return its response."""
+    """Send one request to the supervisor at ``path`` and return its response.
+
+    Every way of not getting an answer (no socket, refused, no answer within ``timeout``, an
+    answer that is not a Lapidus control message) is a :class:`ControlUnavailable` whose text
+    says which and what to check."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -70,8 +86,23 @@ def request(path: str, message: Dict[str, Any], timeout: float = 10.0) -> Dict[s
             raise ControlUnavailable(
                 f"permission denied on {path}: run lapidusctl as the user lapidus runs as "
                 f"(the socket is mode 0600)") from None
-        sock.sendall(encode_message(message))
-        response = read_message(sock)
+        except OSError as exc:
+            raise ControlUnavailable(f"cannot connect to {path}: {exc.strerror or exc}; check "
+                                     f"that it is the control socket of a lapidus") from None
+        try:
+            sock.sendall(encode_message(message))
+            response = read_message(sock)
+        except socket.timeout:
+            raise ControlUnavailable(
+                f"lapidus at {path} did not answer within {timeout:g} s; it may be overloaded "
+                f"or frozen (check 'systemctl status lapidus' and its log)") from None
+        except ValueError as exc:
+            raise ControlUnavailable(
+                f"{path} answered something that is not a lapidus control message ({exc}); "
+                f"check that it is the control socket of a lapidus of this version") from None
+        except OSError as exc:
+            raise ControlUnavailable(f"lapidus at {path} dropped the connection: "
+                                     f"{exc.strerror or exc}") from None
         if response is None:
             raise ControlUnavailable(f"lapidus at {path} closed the connection without answering")
         return response

@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("stop", "start"):
         cmd = sub.add_parser(name, help=f"{name} one backend")
         cmd.add_argument("backend")
+    dead = sub.add_parser("dead-letters", help="events a sink refused for good "
+                          "(on_undeliverable = \"dead_letter\"), or send them again")
+    dead.add_argument("backend")
+    dead.add_argument("--json", action="store_true", help="one JSON object per line")
+    dead.add_argument("--resend", action="store_true",
+                      help="send them again through the running lapidus (same ids)")
     slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
     slots.add_argument("--json", action="store_true", help="machine-readable output")
     drop = sub.add_parser("drop-slot", help="drop an abandoned replication slot")
@@ -143,8 +149,15 @@ def sinks_text(sinks: Optional[dict]) -> str:
 
 
 def error_text(row: dict) -> str:
-    """The last column: what the backend waits for, or its last error."""
+    """The last column: an event a sink refuses, a failing sink, what the backend waits for,
+    or its last error."""
     error = row.get("last_error") or ""
+    for sink, held in (row.get("undeliverable") or {}).items():
+        return (f"held: {sink} refuses {held.get('id')} ({held.get('table')}, "
+                f"{human_bytes(held.get('size'))}): {held.get('error')}"
+                + (f"; fix: {held['fix']}" if held.get("fix") else ""))
+    if row.get("sink_error"):
+        return row["sink_error"]
     if row.get("state") == "WAITING" and row.get("waiting_for"):
         waiting = (f"waiting for {row['waiting_for']} since "
                    f"{human_duration(row.get('waiting_seconds'))}")
@@ -167,18 +180,50 @@ def format_status(status: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("slots", "drop-slot"):
-        return slots_command(args)
+def dead_letters_command(args) -> int:
+    """``dead-letters BACKEND``: the file itself (no running lapidus needed); with
+    ``--resend`` the supervisor hands them to the dispatcher."""
+    from . import deadletters
+    from .config import ConfigError, load_config
+    if args.resend:
+        return send_request(args, {"command": "resend_dead_letters", "backend": args.backend})
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"lapidusctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not any(b.name == args.backend for b in config.backends):
+        print(f'lapidusctl: no backend named "{args.backend}" in {config.source}',
+              file=sys.stderr)
+        return EXIT_REFUSED
+    path = deadletters.path_for(config.state_dir, args.backend)
+    rows = deadletters.entries(path)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return EXIT_OK
+    if not rows:
+        print(f"no dead letters for {args.backend} ({path})")
+        return EXIT_OK
+    table = [("at", "id", "table", "size", "sink", "error")]
+    for r in rows:
+        name = f"{r['schema']}.{r['table']}" if r.get("schema") else (r.get("table") or "-")
+        table.append((r["at"], r["id"], name, human_bytes(r["size"]), r["sink"], r["error"]))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    print(f"{len(rows)} event(s) in {path}; 'lapidusctl dead-letters {args.backend} --resend' "
+          f"sends them again")
+    return EXIT_OK
+
+
+def send_request(args, message: dict) -> int:
+    """One request to the running lapidus; prints what it did, or why not."""
     try:
         path = socket_path(args)
     except Exception as exc:  # ConfigError and friends: say it plainly
         print(f"lapidusctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    message = {"command": args.command}
-    if args.command != "status":
-        message["backend"] = getattr(args, "backend", None)
     try:
         response = request(path, message)
     except ControlUnavailable as exc:
@@ -187,8 +232,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not response.get("ok"):
         print(f"lapidusctl: {response.get('error', 'refused')}", file=sys.stderr)
         return EXIT_REFUSED
-    if args.command == "status":
-        if args.json:
+    if message["command"] == "status":
+        if getattr(args, "json", False):
             response["time"] = time.time()
             print(json.dumps(response, indent=2, default=str))
         else:
@@ -197,6 +242,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         done = next((v for k, v in response.items() if k != "ok"), [])
         print(f"{args.command}: {', '.join(done) if done else 'nothing to do'}")
     return EXIT_OK
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("slots", "drop-slot"):
+        return slots_command(args)
+    if args.command == "dead-letters":
+        return dead_letters_command(args)
+    message = {"command": args.command}
+    if args.command != "status":
+        message["backend"] = getattr(args, "backend", None)
+    return send_request(args, message)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,7 @@
 
 * :func:`die_with_parent` makes the kernel kill a child when its parent dies, so a
   ``kill -9`` of the supervisor never leaves a worker or a ``pg_recvlogical`` holding a slot.
-* :func:`kill_tree` stops a process and all its descendants: TERM, a grace period, then KILL.
+* :func:`signal_tree` signals a process and all its descendants, without reaping any.
 """
 
 from __future__ import annotations
@@ -56,29 +56,23 @@ def tune_gc_for_throughput() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def kill_tree(pid: int, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
-    """Send ``sig`` to ``pid`` and its descendants, wait ``grace`` seconds, then SIGKILL."""
+def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``pid`` and all its descendants, children first; never waits.
+
+    Waiting is left to whoever reaps ``pid`` (for the supervisor's children, multiprocessing's
+    own poll in :meth:`ChildHandle.exited`): a ``waitpid`` here would take the exit status
+    that the handle needs to learn that its child died.
+    """
     try:
         parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
     except psutil.NoSuchProcess:
         return
-    procs = [parent]
-    try:
-        procs += parent.children(recursive=True)
-    except psutil.NoSuchProcess:
-        pass
     for proc in procs:
         try:
             proc.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
 
 
 def run_profiled(name: str, function, *args):

@@ -8,7 +8,7 @@ connection per worker has a single writer; when a worker dies only its own conne
 Frame: 4-byte big-endian length, 1-byte kind, pickled payload.  Both ends are Lapidus processes
 of the same service user; the socket lives in a 0700 directory.
 
-* worker -> dispatcher: ``HELLO {"backend": name}``, ``BATCH (seq, [Record fields, ...])``
+* worker -> dispatcher: ``HELLO {"backend": name, "config": BackendConfig}``, ``BATCH (seq, [Record fields, ...])``
   (plain tuples in :class:`lapidus.events.Record` order)
 * dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
 """
@@ -51,7 +51,11 @@ class LinkLost(Exception):
 class DispatcherLink:
     """The worker's end.  Blocking sends, non-blocking ack reads.  Runs in a worker process."""
 
-    def __init__(self, path: str, backend: str, connect_timeout: float = 30.0):
+    def __init__(self, path: str, backend: str, connect_timeout: float = 30.0,
+                 config: Any = None):
+        """Connect and say HELLO; ``config`` (the worker's BackendConfig, its plugins resolved)
+        goes with it, so the dispatcher builds this backend's sinks from the worker's own
+        configuration, also for a backend added or changed by a reload."""
         deadline = time.monotonic() + connect_timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -65,7 +69,10 @@ class DispatcherLink:
                 time.sleep(0.05)
         self.sock = sock
         self._buffer = bytearray()
-        self.sock.sendall(pack(HELLO, {"backend": backend}))
+        hello = {"backend": backend}
+        if config is not None:
+            hello["config"] = config
+        self.sock.sendall(pack(HELLO, hello))
 
     def send_batch(self, seq: int, records: list) -> None:
         try:

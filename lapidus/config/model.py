@@ -32,6 +32,11 @@ class BackendConfig:
     exclude_tables: Tuple[str, ...] = ()
     plugins: Optional[Dict[str, Dict[str, Any]]] = None   # per-backend plugins replace global ones
 
+    def with_plugins(self, plugins: Dict[str, Dict[str, Any]]) -> "BackendConfig":
+        """A copy whose ``plugins`` are exactly ``plugins`` (what a worker is given: the
+        plugins it uses, resolved by :meth:`Config.plugins_for`)."""
+        return dataclasses.replace(self, plugins=plugins)
+
     def __repr__(self) -> str:
         # The generated repr would print the password into any log line that shows a backend.
         return (f"BackendConfig(name={self.name!r}, type={self.type!r}, "

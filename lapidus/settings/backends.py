@@ -35,6 +35,10 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("batch_size", Int(1), "Most events shipped from the worker in one batch.", 1000),
     Setting("max_inflight_batches", Int(1), "Batches sent but not yet confirmed by the "
             "sinks before the worker stops reading (backpressure).", 8),
+    Setting("on_undeliverable", Choice("hold", "dead_letter"), "An event a sink refuses for "
+            "good (too large, not permitted): `hold` keeps the backend at that event, retrying, "
+            "until the cause is fixed (nothing skipped); `dead_letter` moves it to "
+            "`<state_dir>/<backend>/dead-letters.jsonl` and streams on.", "hold"),
 )
 
 _PORT = Int(1, 65535)

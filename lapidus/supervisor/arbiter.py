@@ -1,9 +1,20 @@
 """The supervisor's main loop (the arbiter).
 
 Runs in the ``lapidus`` process.  It forks the dispatcher and one worker per enabled backend,
-then loops: wait for a child message or a signal (with a timeout), handle queued signals, reap
-dead children and decide (restart after backoff, or FATAL), start what is due.  Signal handlers
-only queue the signal; all work, logging included, happens in the loop.
+then loops: poll the children's status pipes, the signal wake-up pipe, the control socket and
+the HTTP socket with their clients (with a timeout), handle queued signals, reap dead children
+and decide (restart after backoff, or FATAL), kill what is overdue (silent for
+``heartbeat_timeout``, or still alive ``stop_timeout`` after SIGTERM), start what is due.
+Signal handlers only queue the signal; all work, logging included, happens in the loop, and
+nothing in it waits on a child or a client.
+
+Reaping happens in one place: :meth:`ChildHandle.exited` (multiprocessing's own non-blocking
+``waitpid``).  Kills only send signals, so a killed child is seen dead, and restarted, exactly
+like a crashed one.
+
+The dispatcher has a restart policy of its own (backoff, never FATAL); a worker that lost its
+dispatcher exits with ``exitcodes.LINK_LOST`` and starts again once a dispatcher runs, without
+a crash counted against its backend.
 
 Shutdown (SIGTERM/SIGINT): workers first (they stop reading, wait for their last batches to be
 confirmed and save their checkpoints), then the dispatcher; anything still alive after the stop
@@ -14,30 +25,37 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
-import multiprocessing.connection
 import os
+import select
 import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-from .. import logs
-from ..workers.runner import worker_main
-from .. import exitcodes
+from .. import exitcodes, logs
 from ..backoff import RestartPolicy
-from .control_server import ControlServer
+from ..workers.runner import worker_main
+from .control_server import ControlServer, SocketInUse
 from .dispatcher import dispatcher_main
 from .handles import ChildHandle
 from .http import HttpServer
+from .listener import READ, LoopListener
 from .notify import Notifier
+from .reload import ReloadPlan
 from .states import State
 
 TICK = 0.5
+REAP_GRACE = 2.0      # seconds to wait for killed children to be reaped before giving up
 
 
 class AlreadyRunning(Exception):
     """Another supervisor holds this state directory."""
+
+
+class StartFailed(Exception):
+    """The supervisor cannot start (a port in use, a control socket of another Lapidus);
+    the message names the setting and the fix."""
 
 
 class Arbiter:
@@ -48,6 +66,7 @@ class Arbiter:
         self.signals: List[int] = []
         self.stopping = False
         self.stop_deadline = 0.0
+        self.dispatcher_deadline = 0.0
         self.exit_code = 0
         # Short path (unix socket paths are limited to 107 bytes), private (mode 0700);
         # under systemd in the service's RuntimeDirectory.
@@ -59,6 +78,8 @@ class Arbiter:
         for backend in config.backends:
             if backend.options.get("enabled", True):
                 self._add_backend(backend)
+        # The dispatcher is never FATAL: without it no backend streams.  It restarts after
+        # a backoff that grows while it keeps dying.
         self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
         self._lock_fd: Optional[int] = None
@@ -70,13 +91,20 @@ class Arbiter:
         self.control = ControlServer(config.control.socket, {
             "status": lambda _req: {"ok": True, **self.status()},
             "restart": self.cmd_restart, "stop": self.cmd_stop, "start": self.cmd_start,
+            "resend_dead_letters": self.cmd_resend_dead_letters,
         }, self.log)
 
-    def _add_backend(self, backend) -> ChildHandle:
+    @property
+    def listeners(self) -> List[LoopListener]:
+        return [self.control] + ([self.http] if self.http is not None else [])
+
+    def _policy(self) -> RestartPolicy:
         sup = self.config.supervisor
-        policy = RestartPolicy(sup.max_restarts, sup.restart_window, sup.backoff_initial,
-                               sup.backoff_max)
-        handle = ChildHandle(backend.name, policy, self.log.bind(backend=backend.name))
+        return RestartPolicy(sup.max_restarts, sup.restart_window, sup.backoff_initial,
+                             sup.backoff_max)
+
+    def _add_backend(self, backend) -> ChildHandle:
+        handle = ChildHandle(backend.name, self._policy(), self.log.bind(backend=backend.name))
         self.workers[backend.name] = handle
         self.backends[backend.name] = backend
         return handle
@@ -120,12 +148,34 @@ class Arbiter:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
 
+    def _open_listeners(self) -> None:
+        """The HTTP port first: when it is taken nothing else was created (no stale control
+        socket left behind)."""
+        if self.http is not None:
+            try:
+                self.http.open()
+            except OSError as exc:
+                raise StartFailed(
+                    f"http.listen = {self.config.http.listen!r}: cannot listen there: "
+                    f"{exc.strerror or exc}; choose a free port (or stop what uses it: "
+                    f"ss -ltnp 'sport = :{self.config.http.port}')") from None
+        try:
+            self.control.open()
+        except SocketInUse as exc:
+            if self.http is not None:
+                self.http.close()
+            raise StartFailed(str(exc)) from None
+        except OSError as exc:
+            if self.http is not None:
+                self.http.close()
+            raise StartFailed(f"control.socket = {str(self.config.control.socket)!r}: cannot "
+                              f"listen there: {exc.strerror or exc}; choose a path in a "
+                              f"directory this user can write") from None
+
     def run(self) -> int:
         self._lock_state_dir()
+        self._open_listeners()
         wakeup = self._install_signals()
-        self.control.open()
-        if self.http is not None:
-            self.http.open()
         self.log.info("lapidus starting", backends=list(self.workers), pid=os.getpid())
         self._spawn_dispatcher()
         for handle in self.workers.values():
@@ -135,7 +185,8 @@ class Arbiter:
                 self._wait(wakeup)
                 self._handle_signals()
                 self._reap()
-                self._kill_stale_workers()
+                self._kill_stale()
+                self._kill_overdue_stops()
                 self._notify_systemd()
                 if self.stopping:
                     if self._stop_progress():
@@ -147,11 +198,9 @@ class Arbiter:
                     self.exit_code = 1
                     self.begin_stop("no backend left")
         finally:
-            self.control.close()
-            if self.http is not None:
-                self.http.close()
-            for handle in list(self.workers.values()) + [self.dispatcher]:
-                handle.kill()
+            for listener in self.listeners:
+                listener.close()
+            self._kill_everything()
             try:
                 os.unlink(self.socket_path)
                 os.rmdir(self.socket_dir)
@@ -160,30 +209,39 @@ class Arbiter:
         self.log.info("lapidus stopped", exit_code=self.exit_code)
         return self.exit_code
 
+    def _children(self) -> List[ChildHandle]:
+        return list(self.workers.values()) + [self.dispatcher]
+
     def _wait(self, wakeup: int) -> None:
-        conns = [h.conn for h in list(self.workers.values()) + [self.dispatcher]
-                 if h.conn is not None]
-        if self.http is not None:
-            conns.append(self.http)
-        timeout = TICK
-        due = [h.next_start for h in self.workers.values() if h.state == State.BACKOFF]
-        if due:
-            timeout = max(0.0, min(timeout, min(due) - time.monotonic()))
-        ready = multiprocessing.connection.wait(conns + [wakeup, self.control], timeout)
-        if self.control in ready:
-            self.control.answer_pending()
-        if self.http is not None and self.http in ready:
-            self.http.answer_pending()
-        for item in ready:
-            if item == wakeup:
-                try:
-                    while os.read(wakeup, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-        for handle in list(self.workers.values()) + [self.dispatcher]:
-            if handle.conn is not None and handle.conn in ready:
-                handle.receive()
+        """Poll everything the loop serves, at most until the next thing falls due."""
+        callbacks: Dict[int, Callable[[int], None]] = {}
+        poller = select.poll()
+
+        def watch(fd: int, mask: int, callback: Callable[[int], None]) -> None:
+            poller.register(fd, mask)
+            callbacks[fd] = callback
+
+        for handle in self._children():
+            if handle.conn is not None:
+                watch(handle.conn.fileno(), READ, lambda _e, h=handle: h.receive())
+        watch(wakeup, READ, lambda _e: _drain(wakeup))
+        for listener in self.listeners:
+            for fd, mask, callback in listener.poll_entries():
+                watch(fd, mask, callback)
+        for fd, events in poller.poll(self._timeout() * 1000):
+            callbacks[fd](events)
+        now = time.monotonic()
+        for listener in self.listeners:
+            listener.expire(now)
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        due = [h.next_start for h in self._children() if h.state == State.BACKOFF]
+        due += [h.stop_deadline for h in self._children() if h.state == State.STOPPING]
+        due += [d for d in (listener.next_deadline() for listener in self.listeners) if d]
+        if self.stopping:
+            due.append(now + 0.1)
+        return max(0.0, min([TICK] + [d - now for d in due]))
 
     def _notify_systemd(self) -> None:
         """READY once every backend is running or failed; STATUS on change; WATCHDOG always."""
@@ -197,24 +255,40 @@ class Arbiter:
             self.notifier.status(line)
         self._last_status_line = line
 
-    def _kill_stale_workers(self) -> None:
-        """A RUNNING worker that stopped reporting is wedged: kill it so it restarts."""
+    def _kill_stale(self) -> None:
+        """A child that stopped reporting is wedged or frozen: kill it so it restarts.
+
+        Workers report once a second while running or waiting for their database, the
+        dispatcher once a second always."""
         now = time.monotonic()
         timeout = float(self.config.supervisor.heartbeat_timeout)
-        for handle in self.workers.values():
-            if handle.state in (State.RUNNING, State.WAITING) and handle.process is not None \
+        for handle in self._children():
+            watched = handle.state in (State.RUNNING, State.WAITING)
+            if watched and handle.process is not None and not handle.killed \
                     and now - handle.last_report > timeout:
-                handle.last_error = f"no heartbeat for {timeout:.0f}s; killed"
-                self.log.error("worker stopped reporting; killing it", backend=handle.name,
+                handle.last_error = f"no heartbeat for {timeout:g}s; killed"
+                self.log.error("child stopped reporting; killing it", child=handle.name,
                                seconds=round(now - handle.last_report, 1))
+                handle.kill()
+
+    def _kill_overdue_stops(self) -> None:
+        """A child asked to stop (restart, stop, reload) that is still alive after
+        ``stop_timeout`` ignores SIGTERM or is frozen: kill it, which ends the stop."""
+        if self.stopping:
+            return   # the shutdown has its own deadline (_stop_progress)
+        now = time.monotonic()
+        for handle in self._children():
+            if handle.stop_overdue(now):
+                self.log.warning("did not stop within stop_timeout; killing", child=handle.name,
+                                 pid=handle.pid)
                 handle.kill()
 
     def _spawn_worker(self, handle: ChildHandle) -> None:
         backend = self.backends[handle.name]
         state_dir = str(Path(self.config.state_dir) / backend.name)
         handle.spawn(self.ctx, worker_main, (
-            backend, state_dir, self.socket_path, self.config.log.format,
-            self.config.log.level, os.getpid()))
+            backend.with_plugins(self.config.plugins_for(backend)), state_dir,
+            self.socket_path, self.config.log.format, self.config.log.level, os.getpid()))
 
     def _spawn_dispatcher(self) -> None:
         self.dispatcher.spawn(self.ctx, dispatcher_main,
@@ -223,33 +297,49 @@ class Arbiter:
 
     def _reap(self) -> None:
         now = time.monotonic()
-        for handle in self.workers.values():
+        for name, handle in list(self.workers.items()):
             code = handle.exited()
             if code is not None:
                 handle.on_exit(code, now)
+            if handle.removed and handle.process is None:
+                del self.workers[name]
+                self.backends.pop(name, None)
         code = self.dispatcher.exited()
-        if code is not None:
-            self.dispatcher.receive()
-            self.dispatcher.process = None
-            if code == exitcodes.OUTPUT_CLOSED:
-                self.log.info("output closed; stopping")
-                self.begin_stop("output closed")
-            elif self.stopping:
-                self.dispatcher.state = State.STOPPED
-            else:
-                # Its workers lose their connection and restart from their checkpoints.
-                self.log.error("dispatcher died; restarting it", exit_code=code)
-                self.dispatcher.restarts += 1
-                self._spawn_dispatcher()
+        if code is None:
+            return
+        self.dispatcher.receive()
+        self.dispatcher.process = None
+        if code == exitcodes.OUTPUT_CLOSED:
+            self.log.info("output closed; stopping")
+            self.begin_stop("output closed")
+        elif self.stopping:
+            self.dispatcher.state = State.STOPPED
+        else:
+            # Its workers lose their connection and start again from their checkpoints once
+            # a new dispatcher runs; its own deaths back off, and never count as theirs.
+            policy = self.dispatcher.policy
+            policy.record_crash(now)
+            delay = policy.delay()
+            self.dispatcher.restarts += 1
+            self.dispatcher.state = State.BACKOFF
+            self.dispatcher.next_start = now + delay
+            self.log.error("dispatcher died; restarting it after backoff", exit_code=code,
+                           restart_in=round(delay, 2), restarts=self.dispatcher.restarts)
 
     def _start_due(self) -> None:
         now = time.monotonic()
+        dispatcher = self.dispatcher
+        if dispatcher.state == State.BACKOFF and now >= dispatcher.next_start:
+            # BACKOFF -> RUNNING (the dispatcher has no READY of its own)
+            self._spawn_dispatcher()
+        if dispatcher.process is None:
+            return   # a worker started now would only lose its link again
         for handle in self.workers.values():
             if handle.state == State.BACKOFF and now >= handle.next_start:
                 # BACKOFF -> STARTING
                 self._spawn_worker(handle)
             elif handle.state == State.STOPPED and handle.restart_requested:
-                # STOPPED -> STARTING: an operator's restart
+                # STOPPED -> STARTING: an operator's restart, or a reload's
                 handle.restart_requested = False
                 self._spawn_worker(handle)
 
@@ -258,58 +348,80 @@ class Arbiter:
             return
         self.stopping = True
         self.notifier.stopping()
-        self.stop_deadline = time.monotonic() + float(self.config.supervisor.stop_timeout) - 1.5
+        now = time.monotonic()
+        self.stop_deadline = now + float(self.config.supervisor.stop_timeout) - 1.5
         self.log.info("stopping", reason=reason)
         for handle in self.workers.values():
-            handle.stop()
+            handle.restart_requested = False
+            handle.stop(self.stop_deadline - now, now)
 
     def _stop_progress(self) -> bool:
-        """True once everything has exited.  Workers first, then the dispatcher."""
+        """True once everything has exited.  Workers first, then the dispatcher; whatever is
+        still alive at its deadline is killed, and reaped by :meth:`_reap`."""
         now = time.monotonic()
         alive = [h for h in self.workers.values() if h.process is not None]
-        if alive and now < self.stop_deadline:
+        if alive:
+            if now >= self.stop_deadline:
+                for handle in alive:
+                    if not handle.killed:
+                        self.log.warning("did not stop in time; killing", child=handle.name,
+                                         pid=handle.pid)
+                        handle.kill()
+                if now >= self.stop_deadline + REAP_GRACE:
+                    return True   # unkillable (D state): the finally block gives up on it
             return False
-        for handle in alive:
-            self.log.warning("did not stop in time; killing", pid=handle.pid)
+        dispatcher = self.dispatcher
+        if dispatcher.process is None:
+            return True
+        if dispatcher.state != State.STOPPING:
+            dispatcher.stop(1.0, now)
+            self.dispatcher_deadline = now + 1.0
+            return False
+        if now >= self.dispatcher_deadline and not dispatcher.killed:
+            dispatcher.kill()
+        return now >= self.dispatcher_deadline + REAP_GRACE
+
+    def _kill_everything(self) -> None:
+        """Last resort on the way out: SIGKILL whatever still runs and reap it (bounded)."""
+        for handle in self._children():
             handle.kill()
-            handle.on_exit(-9, now)
-        if self.dispatcher.process is not None:
-            if self.dispatcher.state != State.STOPPING:
-                self.dispatcher.stop()
-                self.dispatcher_deadline = now + 1.0
-                return False
-            if now < self.dispatcher_deadline:
-                return False
-            self.dispatcher.kill()
-            self.dispatcher.process = None
-        return True
+        deadline = time.monotonic() + REAP_GRACE
+        for handle in self._children():
+            if handle.process is not None:
+                handle.process.join(max(0.0, deadline - time.monotonic()))
 
     # -- operator commands (control socket, signals) -----------------------------------------
 
     def _handles(self, name: Optional[str]):
         if name is None:
             return list(self.workers.values())
-        if name not in self.workers:
+        if name not in self.workers or self.workers[name].removed:
             raise KeyError(f'unknown backend "{name}" (configured: {", ".join(self.workers)})')
         return [self.workers[name]]
+
+    def _stop_timeout(self) -> float:
+        return float(self.config.supervisor.stop_timeout)
 
     def cmd_restart(self, request: dict) -> dict:
         """Restart one backend, or all: stop (draining), then start at once, crash count reset."""
         handles = self._handles(request.get("backend"))
         for handle in handles:
-            handle.policy.reset()
-            handle.restart_requested = True
-            if handle.process is not None:
-                handle.stop()
-            else:
-                handle.state = State.STOPPED
+            self._restart(handle)
         return {"ok": True, "restarted": [h.name for h in handles]}
+
+    def _restart(self, handle: ChildHandle) -> None:
+        handle.policy.reset()
+        handle.restart_requested = True
+        if handle.process is not None:
+            handle.stop(self._stop_timeout())
+        else:
+            handle.state = State.STOPPED
 
     def cmd_stop(self, request: dict) -> dict:
         handles = self._handles(request.get("backend") or "")
         for handle in handles:
             handle.restart_requested = False
-            handle.stop()
+            handle.stop(self._stop_timeout())
         return {"ok": True, "stopped": [h.name for h in handles]}
 
     def cmd_start(self, request: dict) -> dict:
@@ -319,11 +431,35 @@ class Arbiter:
                 # STOPPED/FATAL -> STARTING: the operator fixed the cause
                 handle.policy.reset()
                 handle.last_error = None
-                self._spawn_worker(handle)
+                handle.state = State.STOPPED
+                handle.restart_requested = True   # started by _start_due with a dispatcher
+        self._start_due()
         return {"ok": True, "started": [h.name for h in handles]}
 
+    def cmd_resend_dead_letters(self, request: dict) -> dict:
+        """Hand a backend's dead letters to the dispatcher to send again: the file becomes
+        the resend file (lapidus.deadletters), and SIGUSR1 tells the dispatcher."""
+        from .. import deadletters
+        (handle,) = self._handles(request.get("backend") or "")
+        path = deadletters.path_for(self.config.state_dir, handle.name)
+        resend = deadletters.resend_path_for(self.config.state_dir, handle.name)
+        if resend.exists():
+            return {"ok": False, "code": "busy", "error": f"a resend of {handle.name}'s dead "
+                    f"letters is under way ({resend}); try again when it is gone"}
+        count = deadletters.count(path)
+        if count == 0:
+            return {"ok": True, "resending": []}
+        os.rename(path, resend)
+        if self.dispatcher.pid is not None:
+            os.kill(self.dispatcher.pid, signal.SIGUSR1)
+        self.log.info("dead letters handed to the dispatcher to send again",
+                      backend=handle.name, events=count)
+        return {"ok": True, "resending": [f"{count} event(s) of {handle.name}"]}
+
     def reload(self) -> None:
-        """SIGHUP: read the configuration again; restart only backends whose settings changed."""
+        """SIGHUP: read the configuration again; start, stop and restart only the backends whose
+        settings (their own, or the plugins they use) changed.  The dispatcher keeps running:
+        a restarted worker tells it its plugins when it connects."""
         from ..config import ConfigError, load_config
         from ..sinks import registry
         try:
@@ -334,41 +470,69 @@ class Arbiter:
             return
         if "stdout" in self.config.plugins and "stdout" not in new.plugins:
             new = new.with_plugin("stdout")   # --stdout was given on the command line
-        old_backends = self.backends
-        new_backends = {b.name: b for b in new.backends if b.options.get("enabled", True)}
-        plugins_changed = any(self.config.plugins_for(b) != new.plugins_for(b)
-                              for b in new_backends.values() if b.name in old_backends) \
-            or self.config.plugins != new.plugins
+        live = {name: self.backends[name] for name, h in self.workers.items() if not h.removed}
+        plan = ReloadPlan.between(self.config, new, live)
+        for setting in plan.not_applied:
+            self.log.warning("reload: this setting changes only when lapidus restarts; still "
+                             "using the old value", setting=setting)
         self.config = new
-        for name in old_backends.keys() - new_backends.keys():
-            self.log.info("reload: backend removed", backend=name)
-            self.workers[name].restart_requested = False
-            self.workers[name].stop()
-            self.workers[name].removed = True
-        for name, backend in new_backends.items():
-            if name not in old_backends:
-                self.log.info("reload: backend added", backend=name)
-                self._spawn_worker(self._add_backend(backend))
-            elif backend != old_backends[name]:
-                self.log.info("reload: backend changed; restarting it", backend=name)
+        if plan.supervisor_changed:
+            for handle in self.workers.values():
+                handle.policy = self._policy()
+        for name in plan.removed:
+            self.log.info("reload: backend removed; stopping it", backend=name)
+            handle = self.workers[name]
+            handle.restart_requested = False
+            handle.removed = True
+            handle.stop(self._stop_timeout())
+        for name in plan.added:
+            backend = plan.backends[name]
+            handle = self.workers.get(name)
+            if handle is not None:   # removed by an earlier reload and not yet gone
+                self.log.info("reload: backend added back; restarting it", backend=name)
+                handle.removed = False
                 self.backends[name] = backend
-                self.cmd_restart({"backend": name})
-        if plugins_changed and self.dispatcher.process is not None:
-            self.log.info("reload: plugins changed; restarting the dispatcher")
-            self.dispatcher.kill()   # workers reconnect and resend what was not confirmed
-        self.log.info("configuration reloaded", backends=list(new_backends))
+                self._restart(handle)
+                continue
+            self.log.info("reload: backend added", backend=name)
+            handle = self._add_backend(backend)
+            handle.restart_requested = True   # started by _start_due (when a dispatcher runs)
+        for name in plan.changed:
+            self.log.info("reload: backend changed; restarting it", backend=name)
+            self.backends[name] = plan.backends[name]
+            self._restart(self.workers[name])
+        self._start_due()
+        self.log.info("configuration reloaded", backends=list(plan.backends))
 
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict:
         dispatcher = self.dispatcher.snapshot()
         health = dispatcher.get("sink_health") or {}
+        failing = dispatcher.get("sink_failing") or {}
+        held = dispatcher.get("undeliverable") or {}
+        dead = dispatcher.get("dead_letters") or {}
         backends = []
         for handle in self.workers.values():
-            if getattr(handle, "removed", False):
+            if handle.removed:
                 continue
             row = handle.snapshot()
             row["sinks"] = health.get(handle.name, {})   # {plugin: connection state}
+            if failing.get(handle.name):
+                row["sink_error"] = "; ".join(f"{sink}: {error}" for sink, error
+                                              in failing[handle.name].items())
+            if held.get(handle.name):
+                row["undeliverable"] = held[handle.name]   # {plugin: the event and why}
+            row["dead_letters"] = dead.get(handle.name, 0)
             backends.append(row)
         return {"pid": os.getpid(), "config": self.config.source, "backends": backends,
                 "dispatcher": dispatcher}
+
+
+def _drain(fd: int) -> None:
+    """Empty the signal wake-up pipe (the signals themselves are queued by the handler)."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

@@ -11,57 +11,90 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import sys
+import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
-from .. import exitcodes, logs
+from .. import deadletters, exitcodes, logs
+from ..backoff import Backoff
 from ..events import Record
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
-from ..sinks.base import OutputClosed, Sink
+from ..sinks.base import OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 
-RETRY_MAX = 10.0
+RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
+HOLD_RETRY_MAX = 60.0    # ... of an event a sink refused for good (on_undeliverable = "hold")
+RESEND = "resend"        # a queue item: send the backend's dead letters again
 
 
 class Pipeline:
     """One backend's ordered delivery: batches in, acks out."""
 
     def __init__(self, backend: str, sinks: List[Sink], log, merge_up_to: int = 1,
-                 names: Optional[List[str]] = None):
+                 names: Optional[List[str]] = None, on_undeliverable: str = "hold",
+                 dead_letters: Optional[Path] = None, plugins: Optional[dict] = None):
         self.backend = backend
         self.sinks = sinks
         # the plugin names of the configuration, for logs, metrics and lapidusctl
         self.names = names or [type(sink).__name__ for sink in sinks]
+        self.plugins = plugins                # the configuration the sinks were made from
         self.log = log
         self.merge_up_to = merge_up_to       # most queued batches delivered as one
         self.errors: Dict[str, int] = {}     # plugin name -> failed deliveries
+        self.failing: Dict[str, str] = {}    # plugin name -> its last error, while failing
+        self.held: Dict[str, dict] = {}      # plugin name -> the event it refuses for good
+        self.on_undeliverable = on_undeliverable
+        self.dead_letters = dead_letters      # the backend's dead-letter file
+        self.dead_letter_count = deadletters.count(dead_letters) if dead_letters else 0
         self.queue: asyncio.Queue = asyncio.Queue()
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
         self.delivered = 0
+        self.task: Optional[asyncio.Task] = None
+        self.resend_queued = False            # a RESEND item is in the queue
+        self.resend_after = False             # one was taken out while merging batches
+        self.setup: tuple = ()                # Dispatcher._setup_of what made it
 
     def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
+        kept = []
         while not self.queue.empty():
-            self.queue.get_nowait()
+            item = self.queue.get_nowait()
+            if item[0] == RESEND:
+                kept.append(item)   # not the worker's: stays wanted
+        for item in kept:
+            self.queue.put_nowait(item)
         return self.generation
+
+    def request_resend(self) -> None:
+        """Send the dead letters again (from their resend file), after the batches queued
+        now; see :mod:`lapidus.deadletters`."""
+        if not self.resend_queued:
+            self.resend_queued = True
+            self.queue.put_nowait((RESEND, 0, None))
 
     async def run(self) -> None:
         while True:
             generation, seq, records = await self.queue.get()
+            if generation == RESEND:
+                await self._resend()
+                continue
             if generation != self.generation:
                 continue  # its worker died; the restarted worker sends it again
+            self.resend_after = False
             seq, records = self._merge_queued(seq, records)
             await asyncio.gather(*(self._deliver(sink, name, records)
                                    for sink, name in zip(self.sinks, self.names)))
             self.delivered += len(records)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
+            if self.resend_after:
+                await self._resend()
 
     def _merge_queued(self, seq: int, records: list) -> tuple:
         """Append the batches queued behind this one (up to ``merge_up_to`` in all).
@@ -79,6 +112,9 @@ class Pipeline:
             if queue.empty():
                 break
             generation, next_seq, more = queue.get_nowait()
+            if generation == RESEND:
+                self.resend_after = True   # merged batches end at a resend: it comes next
+                break
             if generation != self.generation:
                 continue
             if merged is None:
@@ -101,19 +137,78 @@ class Pipeline:
         return out
 
     async def _deliver(self, sink: Sink, name: str, records) -> None:
-        delay = 0.2
+        """Send ``records`` to one sink until it confirms them all: failures are retried
+        with backoff (same records, same order); an event the sink refuses for good is held
+        or moved to the dead letters (``on_undeliverable``)."""
+        retry, hold = Backoff(0.2, RETRY_MAX), Backoff(1.0, HOLD_RETRY_MAX)
         while True:
             try:
                 await sink.send(records)
+                self.failing.pop(name, None)
+                if self.held.pop(name, None) is not None:
+                    self.log.info("the refused event was delivered; streaming on", sink=name)
                 return
             except OutputClosed:
                 raise
+            except UndeliverableError as exc:
+                self.errors[name] = self.errors.get(name, 0) + 1
+                record = records[exc.index]
+                if self.on_undeliverable == "dead_letter" and self.dead_letters is not None:
+                    self._to_dead_letters(record, name, exc)
+                    records = records[:exc.index] + records[exc.index + 1:]
+                    if not records:
+                        return
+                    continue
+                self._hold(record, name, exc)
+                delay = hold.next()
             except Exception as exc:
                 self.errors[name] = self.errors.get(name, 0) + 1
+                self.failing[name] = str(exc)
+                delay = retry.next()
                 self.log.warning("sink failed; retrying the same batch", sink=name,
                                  error=str(exc), retry_in=round(delay, 2))
-                await asyncio.sleep(delay)
-                delay = min(RETRY_MAX, delay * 2) * (0.8 + random.random() * 0.4)
+            await asyncio.sleep(delay)
+
+    def _hold(self, record: Record, name: str, exc: UndeliverableError) -> None:
+        """on_undeliverable = "hold": the backend stays at this event, visibly."""
+        first = self.held.get(name, {}).get("id") != record.id
+        self.held[name] = {"id": record.id, "table": deadletters.table_of(record),
+                           "size": len(record.data), "error": exc.reason, "fix": exc.fix,
+                           "since": self.held.get(name, {}).get("since", time.time())}
+        if first:
+            self.log.error("a sink refuses an event for good; the backend is held at it "
+                           "(on_undeliverable = \"hold\"): fix the cause, or set "
+                           "on_undeliverable = \"dead_letter\"", sink=name, id=record.id,
+                           table=deadletters.table_of(record), size=len(record.data),
+                           error=exc.reason, fix=exc.fix)
+
+    def _to_dead_letters(self, record: Record, name: str, exc: UndeliverableError) -> None:
+        deadletters.append(self.dead_letters, record, backend=self.backend, sink=name,
+                           error=exc.reason, fix=exc.fix)
+        self.dead_letter_count += 1
+        self.log.warning("a sink refuses an event for good; moved it to the dead letters and "
+                         "streaming on", sink=name, id=record.id,
+                         table=deadletters.table_of(record), size=len(record.data),
+                         error=exc.reason, fix=exc.fix, file=str(self.dead_letters))
+
+    async def _resend(self) -> None:
+        """Deliver the entries of the resend file to every sink (refused ones go to the dead
+        letters again), then delete it."""
+        self.resend_queued = self.resend_after = False
+        if self.dead_letters is None:
+            return
+        path = self.dead_letters.with_name(deadletters.RESEND_FILE)
+        records = [record for _, record in deadletters.read(path)]
+        if records:
+            self.log.info("sending the dead letters again", events=len(records))
+            await asyncio.gather(*(self._deliver(sink, name, records)
+                                   for sink, name in zip(self.sinks, self.names)))
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        self.dead_letter_count = deadletters.count(self.dead_letters)
+        self.log.info("dead letters sent again", events=len(records))
 
 
 class Dispatcher:
@@ -143,22 +238,71 @@ class Dispatcher:
         await sink.start()
         return sink
 
-    async def pipeline_for(self, backend_name: str) -> Pipeline:
-        pipeline = self.pipelines.get(backend_name)
-        if pipeline is None:
+    async def pipeline_for(self, backend_name: str, backend=None) -> Pipeline:
+        """The pipeline of a backend.  ``backend`` is the configuration its worker sent with
+        HELLO (plugins resolved); when its plugins differ from the pipeline's (a reload
+        changed them), the pipeline is made anew.  Without it (at start) the dispatcher's
+        own configuration is used."""
+        if backend is None:
             backend = next(b for b in self.config.backends if b.name == backend_name)
             plugins = self.config.plugins_for(backend)
-            sinks = [await self._sink(n, o, backend_name) for n, o in plugins.items()]
-            merge_up_to = 1
-            if sinks and all(sink.merge_batches for sink in sinks):
-                merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
-            pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
-                                merge_up_to=merge_up_to, names=list(plugins))
-            self.pipelines[backend_name] = pipeline
-            task = asyncio.create_task(pipeline.run())
-            task.add_done_callback(self._pipeline_done)
-            self.tasks.append(task)
+        else:
+            plugins = {name: dict(options) for name, options in (backend.plugins or {}).items()}
+        pipeline = self.pipelines.get(backend_name)
+        setup = self._setup_of(backend, plugins)
+        if pipeline is not None and pipeline.setup == setup:
+            return pipeline
+        if pipeline is not None:
+            self.log.info("the sinks of a backend changed; making them anew",
+                          backend=backend_name)
+            self._retire(pipeline)
+        sinks = [await self._sink(n, o, backend_name) for n, o in plugins.items()]
+        merge_up_to = 1
+        if sinks and all(sink.merge_batches for sink in sinks):
+            merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
+        pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
+                            merge_up_to=merge_up_to, names=list(plugins),
+                            on_undeliverable=backend.options.get("on_undeliverable") or "hold",
+                            dead_letters=deadletters.path_for(self.config.state_dir,
+                                                              backend_name),
+                            plugins=plugins)
+        pipeline.setup = setup
+        self.pipelines[backend_name] = pipeline
+        pipeline.task = asyncio.create_task(pipeline.run())
+        pipeline.task.add_done_callback(self._pipeline_done)
+        self.tasks.append(pipeline.task)
+        if pipeline.dead_letters.with_name(deadletters.RESEND_FILE).exists():
+            pipeline.request_resend()   # a resend the previous dispatcher did not finish
         return pipeline
+
+    @staticmethod
+    def _setup_of(backend, plugins: dict) -> tuple:
+        """What a pipeline is made from: a pipeline with another setup is made anew."""
+        return (plugins, backend.options.get("on_undeliverable") or "hold",
+                int(backend.options.get("max_inflight_batches", 8)))
+
+    def _retire(self, pipeline: Pipeline) -> None:
+        """Stop an outdated pipeline: its batches come again from the restarted worker; its
+        own sinks are closed in the background (a shared sink stays: others use it)."""
+        pipeline.task.cancel()
+        pipeline.attach(None)
+
+        async def close_sinks():
+            for sink in pipeline.sinks:
+                if not sink.shared:
+                    try:
+                        await sink.close()
+                    except Exception as exc:
+                        self.log.warning("error while closing a sink", error=str(exc))
+        self.tasks.append(asyncio.create_task(close_sinks()))
+
+    def resend_requested(self) -> None:
+        """SIGUSR1 from the supervisor: a backend's dead letters were moved to its resend file
+        (``lapidusctl dead-letters BACKEND --resend``)."""
+        for name, pipeline in self.pipelines.items():
+            resend = deadletters.resend_path_for(self.config.state_dir, name)
+            if resend.exists():
+                pipeline.request_resend()
 
     async def _start_sinks(self) -> None:
         """Start every enabled backend's sinks now, not at its worker's first connection: a
@@ -203,7 +347,8 @@ class Dispatcher:
                 del buffer[:used]
                 for kind, payload in frames:
                     if kind == HELLO:
-                        pipeline = await self.pipeline_for(payload["backend"])
+                        pipeline = await self.pipeline_for(payload["backend"],
+                                                           payload.get("config"))
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
                         seq, fields = payload
@@ -226,6 +371,12 @@ class Dispatcher:
                     "queued_batches": {n: p.queue.qsize() for n, p in self.pipelines.items()},
                     "delivered": {n: p.delivered for n, p in self.pipelines.items()},
                     "sink_health": {n: p.health() for n, p in self.pipelines.items()},
+                    "sink_failing": {n: dict(p.failing) for n, p in self.pipelines.items()
+                                     if p.failing},
+                    "undeliverable": {n: dict(p.held) for n, p in self.pipelines.items()
+                                      if p.held},
+                    "dead_letters": {n: p.dead_letter_count
+                                     for n, p in self.pipelines.items()},
                 }))
             except (OSError, ValueError):
                 return
@@ -242,6 +393,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
+        loop.add_signal_handler(signal.SIGUSR1, self.resend_requested)
         self.log.info("dispatcher listening")
         reporter = asyncio.create_task(self.report_forever())
         await self.stopping.wait()

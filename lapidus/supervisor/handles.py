@@ -7,12 +7,13 @@ the child reports (ready, stats, errors), the restart policy and what ``lapidusc
 from __future__ import annotations
 
 import collections
+import signal
 import time
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 import psutil
 
-from ..procutil import kill_tree
+from ..procutil import signal_tree
 from .. import exitcodes
 from ..backoff import RestartPolicy
 from .states import State
@@ -40,6 +41,8 @@ class ChildHandle:
         self.fatal_reported = False
         self.restart_requested = False    # an operator asked for stop-then-start
         self.removed = False              # gone from the configuration after a reload
+        self.stop_deadline = 0.0          # monotonic time after which a STOPPING child is killed
+        self.killed = False               # SIGKILL sent to this process (reaped like any death)
         self.info: Dict[str, Any] = {}
         self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
         # event counts of earlier processes of this backend, so exported counters never shrink
@@ -62,6 +65,7 @@ class ChildHandle:
             child_conn.close()   # the child holds its own copy
         self.started_at = self.last_report = time.monotonic()
         self.fatal_reported = False
+        self.killed = False
         self.state = State.STARTING
         self.log.info("started", pid=self.process.pid)
 
@@ -153,15 +157,16 @@ class ChildHandle:
             return
         if code == exitcodes.CHILD_OK:
             self.last_error = self.last_error or "exited unexpectedly"
-        elif code is not None and code < 0:
+        elif code is not None and code < 0 and not (self.killed and self.last_error):
+            # (a kill of ours keeps the reason it was given, "no heartbeat ...")
             self.last_error = f"killed by signal {-code}"
         self.policy.record_crash(now)
         if self.policy.exhausted():
             # BACKOFF -> FATAL: too many restarts inside the window
             self.state = State.FATAL
-            self.log.error("backend is FATAL: too many restarts",
-                           restarts=len(self.policy.crashes), window=self.policy.window,
-                           error=self.last_error)
+            self.log.error("backend is FATAL: too many restarts", restarts=self.restarts,
+                           crashes_in_window=len(self.policy.crashes),
+                           window=self.policy.window, error=self.last_error)
             return
         delay = self.policy.delay()
         # RUNNING/STARTING -> BACKOFF
@@ -169,20 +174,33 @@ class ChildHandle:
         self.next_start = now + delay
         self.restarts += 1
         self.log.warning("exited; restarting after backoff", exit_code=code,
-                         restart_in=round(delay, 2), error=self.last_error)
+                         restart_in=round(delay, 2), restarts=self.restarts,
+                         error=self.last_error)
 
-    def stop(self) -> None:
-        """Ask the child to stop (SIGTERM); the loop reaps it."""
-        if self.process is not None and self.process.is_alive():
+    def stop(self, timeout: float, now: Optional[float] = None) -> None:
+        """Ask the child to stop (SIGTERM); the loop reaps it, and kills it once
+        :attr:`stop_deadline` (``timeout`` seconds from now) has passed."""
+        if self.process is not None and self.exited() is None:
             # * -> STOPPING
+            if self.state != State.STOPPING:
+                self.stop_deadline = (now or time.monotonic()) + timeout
             self.state = State.STOPPING
             self.process.terminate()
-        elif self.state in (State.BACKOFF, State.STARTING):
+        elif self.state in (State.BACKOFF, State.STARTING, State.WAITING):
             self.state = State.STOPPED
 
+    def stop_overdue(self, now: float) -> bool:
+        """A child asked to stop that is still alive after its stop timeout (it ignores
+        SIGTERM, or is frozen)."""
+        return (self.state == State.STOPPING and self.process is not None
+                and not self.killed and now >= self.stop_deadline)
+
     def kill(self) -> None:
-        if self.process is not None and self.process.pid:
-            kill_tree(self.process.pid, grace=1.0, sig=9)
+        """SIGKILL the child and its descendants now; the loop learns the exit (reaps) as for
+        any other death, so a killed child is restarted like a crashed one."""
+        if self.process is not None and self.process.pid and self.exited() is None:
+            self.killed = True
+            signal_tree(self.process.pid, signal.SIGKILL)
 
     def snapshot(self) -> dict:
         """What ``lapidusctl status`` shows for this child."""

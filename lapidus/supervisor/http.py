@@ -1,50 +1,67 @@
 """``/metrics`` and ``/healthz`` over HTTP, served from the arbiter loop.
 
-Runs in the supervisor process, without threads: the listening socket is one more thing the
-loop waits on, and a request (a few hundred bytes) is read and answered right away with short
-timeouts.  A thread would be simpler to write, but the supervisor forks workers, and forking
-while another thread holds a lock (logging, the allocator) can deadlock the child.
+Runs in the supervisor process, without threads: the listening socket and its clients are
+polled by the loop (:class:`LoopListener`; it explains why no thread), and a request (a few
+hundred bytes) is answered as soon as its head is complete.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 from . import metrics
 from .listener import LoopListener
 
 
 class HttpServer(LoopListener):
-    timeout = 1.0
+    max_request = 8192
 
     def __init__(self, host: str, port: int, status: Callable[[], dict], log):
-        super().__init__(self._answer, log)
+        super().__init__(log)
         self.address = (host, port)
         self.status = status
 
     def open(self) -> None:
+        """Bind and listen; OSError (the address is in use, not local ...) goes to the caller."""
         family = socket.AF_INET6 if ":" in self.address[0] else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(self.address)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(self.address)
+        except OSError:
+            sock.close()
+            raise
         self.listen(sock)
-        self.log.info("http listening", address=f"{self.address[0]}:{self.address[1]}")
+        host, port = sock.getsockname()[:2]
+        self.log.info("http listening", address=f"{host}:{port}")
 
-    def _answer(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data and b"\n\n" not in data and len(data) < 8192:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        parts = data.split(b"\r\n", 1)[0].split()
-        method, path = (parts[0].decode(), parts[1].decode()) if len(parts) >= 2 else ("", "")
+    @property
+    def bound_port(self) -> Optional[int]:
+        return self.sock.getsockname()[1] if self.sock is not None else None
+
+    def parse(self, received: bytes) -> Optional[Tuple[str, str]]:
+        if b"\r\n\r\n" not in received and b"\n\n" not in received:
+            return None
+        parts = received.split(b"\n", 1)[0].split()
+        if len(parts) < 2:
+            raise ValueError("not an HTTP request")
+        return parts[0].decode("latin-1"), parts[1].decode("latin-1")
+
+    def error_response(self, message: str) -> bytes:
+        return self._reply("400 Bad Request", "text/plain", message.encode() + b"\n", "GET")
+
+    def respond(self, request: Tuple[str, str]) -> bytes:
+        method, path = request
         code, content_type, body = self.route(method, path.split("?", 1)[0])
+        return self._reply(code, content_type, body, method)
+
+    @staticmethod
+    def _reply(code: str, content_type: str, body: bytes, method: str) -> bytes:
         head = (f"HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        conn.sendall(head + (body if method != "HEAD" else b""))
+        return head + (body if method != "HEAD" else b"")
 
     def route(self, method: str, path: str) -> Tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
@@ -52,9 +69,23 @@ class HttpServer(LoopListener):
         if path == "/metrics":
             return "200 OK", metrics.CONTENT_TYPE, metrics.render(self.status()).encode()
         if path == "/healthz":
-            status = self.status()
-            down = [b["name"] for b in status["backends"] if b["state"] != "RUNNING"]
-            body = json.dumps({"ok": not down, "not_streaming": down}).encode() + b"\n"
-            return ("200 OK" if not down else "503 Service Unavailable"), "application/json", body
+            health = healthz(self.status())
+            body = json.dumps(health).encode() + b"\n"
+            return ("200 OK" if health["ok"] else "503 Service Unavailable"), \
+                "application/json", body
         return "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
 
+
+def healthz(status: dict) -> dict:
+    """``ok`` only while every backend streams and none is held by a sink: the backends that
+    are not streaming (with what they wait for) and the failing sinks are listed."""
+    down, waiting, failing = [], {}, {}
+    for row in status["backends"]:
+        if row["state"] != "RUNNING":
+            down.append(row["name"])
+        if row.get("waiting_for"):
+            waiting[row["name"]] = row["waiting_for"]
+        if row.get("sink_error"):
+            failing[row["name"]] = row["sink_error"]
+    return {"ok": not down and not failing, "not_streaming": down, "waiting_for": waiting,
+            "sinks_failing": failing}

@@ -64,6 +64,14 @@ def render(status: dict) -> str:
         ("lapidus_sink_down_seconds", "gauge",
          "How long the sink has been without a connection; 0 while connected."),
         ("lapidus_worker_rss_bytes", "gauge", "Resident memory of the worker process."),
+        ("lapidus_backend_waiting_seconds", "gauge",
+         "How long the backend has been waiting for its unreachable database; 0 otherwise."),
+        ("lapidus_sink_failing", "gauge",
+         "1 while the sink's last delivery failed (it is being retried)."),
+        ("lapidus_undeliverable", "gauge",
+         "1 while the backend is held at an event the sink refuses for good."),
+        ("lapidus_dead_letters", "gauge",
+         "Events in the backend's dead-letter file (refused for good, not sent again yet)."),
     )}
     for b in status.get("backends", []):
         name = b["name"]
@@ -83,6 +91,10 @@ def render(status: dict) -> str:
             f["lapidus_pg_slot_retained_wal_bytes"].add(
                 b["slot_retained_wal_bytes"], backend=name, slot=b.get("slot", ""))
         f["lapidus_worker_rss_bytes"].add(b.get("rss_bytes"), backend=name)
+        f["lapidus_backend_waiting_seconds"].add(b.get("waiting_seconds") or 0, backend=name)
+        f["lapidus_dead_letters"].add(b.get("dead_letters") or 0, backend=name)
+        for sink in (b.get("undeliverable") or {}):
+            f["lapidus_undeliverable"].add(1, backend=name, sink=sink)
         for sink, state in (b.get("sinks") or {}).items():
             if "connected" not in state:
                 continue
@@ -91,6 +103,9 @@ def render(status: dict) -> str:
                 0 if state["connected"] else (state.get("down_seconds") or 0),
                 backend=name, sink=sink)
     dispatcher = status.get("dispatcher") or {}
+    for backend, sinks in (dispatcher.get("sink_failing") or {}).items():
+        for sink in sinks:
+            f["lapidus_sink_failing"].add(1, backend=backend, sink=sink)
     for backend, sinks in (dispatcher.get("sink_errors") or {}).items():
         for sink, count in sinks.items():
             f["lapidus_sink_errors_total"].add(count, backend=backend, sink=sink)

@@ -84,7 +84,7 @@ class WorkerLoop:
             checkpoint = self.store.load()
             self.saved = self.confirmed = checkpoint
             source.open(checkpoint)
-            link = DispatcherLink(self.socket_path, self.backend.name)
+            link = DispatcherLink(self.socket_path, self.backend.name, config=self.backend)
             self.report("ready", position=_position_of(checkpoint))
             self.log.info("streaming", resumed=checkpoint is not None)
             self._loop(source, link)
