@@ -212,3 +212,26 @@ def backend_status(config_path, name=None) -> dict:
         return {}
     rows = json.loads(result.stdout)["backends"]
     return next((row for row in rows if name is None or row["name"] == name), {})
+
+
+def ctl(config_path, *args):
+    """``lapidusctl -c CONFIG ARGS...``: (exit code, stdout, stderr)."""
+    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(config_path), *args],
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, result.stdout, result.stderr
+
+
+def status(config_path) -> dict:
+    """Every backend's row of ``lapidusctl status --json``, by name (the call must work)."""
+    code, out, err = ctl(config_path, "status", "--json")
+    assert code == 0, err
+    return {b["name"]: b for b in json.loads(out)["backends"]}
+
+
+def running(config_path, name):
+    """The backend's status row while it is RUNNING, else None (also while nothing answers)."""
+    code, out, _ = ctl(config_path, "status", "--json")
+    if code == 3:
+        return None   # not listening yet
+    row = {b["name"]: b for b in json.loads(out)["backends"]}.get(name)
+    return row if row and row["state"] == "RUNNING" else None

@@ -10,27 +10,7 @@ import subprocess
 import sys
 
 from tests.conftest import wait_until
-from tests.integration.conftest import pg_backend
-
-
-def ctl(config_path, *args):
-    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(config_path), *args],
-                            capture_output=True, text=True, timeout=30)
-    return result.returncode, result.stdout, result.stderr
-
-
-def status(config_path) -> dict:
-    code, out, err = ctl(config_path, "status", "--json")
-    assert code == 0, err
-    return {b["name"]: b for b in json.loads(out)["backends"]}
-
-
-def running(config_path, name):
-    code, out, _ = ctl(config_path, "status", "--json")
-    if code == 3:
-        return None   # not listening yet
-    row = {b["name"]: b for b in json.loads(out)["backends"]}[name]
-    return row if row["state"] == "RUNNING" else None
+from tests.integration.conftest import ctl, pg_backend, running, status
 
 
 def test_status_restart_stop_start(lapidus_factory, pg_db, tmp_path):

@@ -1,0 +1,171 @@
+"""Lifecycle paths of the real supervisor: frozen and killed children, reloads that add, remove
+and change backends and sink options, a dispatcher that keeps dying, restarts of a child that
+ignores SIGTERM.  Each checks that the rows written meanwhile arrive."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import psutil
+
+from tests.conftest import wait_until
+from tests.integration.conftest import ctl, pg_backend, running, status
+
+
+def reload_with(proc, config: dict) -> None:
+    proc.config_path.write_text(json.dumps(config))
+    reloads = proc.log().count("configuration reloaded")
+    proc.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: proc.log().count("configuration reloaded") > reloads, 20,
+               message=f"a reload; log:\n{proc.log()[-3000:]}")
+
+
+def ids_of(events, table="t"):
+    return sorted(e["item"]["id"] for e in events if e["table"] == table)
+
+
+def replaced(path, name, old_pid):
+    row = running(path, name)
+    return row if row and row["pid"] != old_pid else None
+
+
+def dispatcher_pid(proc) -> int:
+    def find():
+        for child in proc.children():
+            try:
+                if child.name() == "lapidus:dispatch"[:15]:
+                    return child.pid
+            except psutil.NoSuchProcess:
+                pass
+        return None
+    return wait_until(find, 20, message="the dispatcher process")
+
+
+def test_a_frozen_worker_is_killed_and_replaced_and_nothing_is_lost(lapidus_factory, pg_db):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}},
+                            "supervisor": {"heartbeat_timeout": 3}})
+    path = proc.config_path
+    first = wait_until(lambda: running(path, "pg"), 30)
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    proc.wait_events(1)
+
+    os.kill(first["pid"], signal.SIGSTOP)
+    pg_db.sql("INSERT INTO t VALUES (2)", "INSERT INTO t VALUES (3)")
+    wait_until(lambda: replaced(path, "pg", first["pid"]), 40,
+               message=f"a new worker; log:\n{proc.log()[-3000:]}")
+    assert not psutil.pid_exists(first["pid"]) or \
+        psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE
+    events = proc.wait_events(3)
+    assert set(ids_of(events)) == {1, 2, 3}
+    assert "no heartbeat" in proc.log()
+
+
+def test_restart_of_a_worker_that_ignores_sigterm_kills_it_after_stop_timeout(
+        lapidus_factory, pg_db):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}},
+                            "supervisor": {"stop_timeout": 3}})
+    path = proc.config_path
+    first = wait_until(lambda: running(path, "pg"), 30)
+    os.kill(first["pid"], signal.SIGSTOP)     # SIGTERM stays pending: it cannot stop
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    assert ctl(path, "restart", "pg")[0] == 0
+    wait_until(lambda: replaced(path, "pg", first["pid"]), 40,
+               message=f"a new worker; log:\n{proc.log()[-3000:]}")
+    assert ids_of(proc.wait_events(1)) == [1]
+    assert "did not stop within stop_timeout" in proc.log()
+
+
+def test_reload_adds_removes_renames_and_enables_backends_while_others_stream(
+        lapidus_factory, pg_db):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    config = {"backends": [pg_backend(pg_db, name="one"),
+                           pg_backend(pg_db, name="two", enabled=False)],
+              "plugins": {"stdout": {}}}
+    proc = lapidus_factory(config)
+    path = proc.config_path
+    one = wait_until(lambda: running(path, "one"), 30)
+    assert "two" not in status(path)
+
+    # enable "two", add "three"
+    config["backends"][1]["enabled"] = True
+    config["backends"].append(pg_backend(pg_db, name="three"))
+    reload_with(proc, config)
+    wait_until(lambda: running(path, "two") and running(path, "three"), 30,
+               message=f"two and three running; log:\n{proc.log()[-3000:]}")
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    events = proc.wait_events(3)
+    assert sorted(e["backend"] for e in events) == ["one", "three", "two"]
+
+    # remove "two", rename "three" to "four" (a new backend with its own slot)
+    config["backends"] = [config["backends"][0], pg_backend(pg_db, name="four")]
+    reload_with(proc, config)
+    wait_until(lambda: running(path, "four") and set(status(path)) == {"one", "four"}, 30,
+               message=f"one and four only; log:\n{proc.log()[-3000:]}")
+    pg_db.sql("INSERT INTO t VALUES (2)")
+    events = proc.wait_events(5)
+    second = sorted(e["backend"] for e in events if e["item"]["id"] == 2)
+    assert second == ["four", "one"]
+    assert status(path)["one"]["pid"] == one["pid"]   # never touched by the reloads
+    assert status(path)["one"]["restarts"] == 0
+
+
+def test_reload_that_changes_a_global_plugin_option_keeps_every_backend_streaming(
+        lapidus_factory, pg_db, tmp_path):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    first_file, second_file = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    config = {"backends": [pg_backend(pg_db)],
+              "plugins": {"exec": {"command": ["sh", "-c", f"cat >> {first_file}"]}}}
+    proc = lapidus_factory(config)
+    path = proc.config_path
+    first = wait_until(lambda: running(path, "pg"), 30)
+    dispatcher = dispatcher_pid(proc)
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    wait_until(lambda: first_file.exists() and first_file.read_text().count("\n") == 1, 30)
+
+    config["plugins"]["exec"]["command"] = ["sh", "-c", f"cat >> {second_file}"]
+    reload_with(proc, config)
+    # the backend uses those plugins, so it restarts (a row it read before that goes to the
+    # old command, as it should)
+    wait_until(lambda: replaced(path, "pg", first["pid"]), 30)
+    pg_db.sql("INSERT INTO t VALUES (2)")
+    wait_until(lambda: second_file.exists() and '"id":2' in second_file.read_text(), 30,
+               message=f"row 2 in the new command's file; log:\n{proc.log()[-3000:]}")
+    assert dispatcher_pid(proc) == dispatcher       # no dispatcher restart was needed
+    assert running(path, "pg")
+
+
+def test_a_dispatcher_that_keeps_dying_backs_off_and_no_backend_goes_fatal(
+        lapidus_factory, pg_db):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}},
+                            "supervisor": {"max_restarts": 2, "restart_window": 120}})
+    path = proc.config_path
+    wait_until(lambda: running(path, "pg"), 30)
+    for n in range(6):   # more deaths than max_restarts allows a worker
+        victim = dispatcher_pid(proc)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: dispatcher_pid(proc) != victim, 30)
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    row = wait_until(lambda: running(path, "pg"), 60,
+                     message=f"pg running again; log:\n{proc.log()[-3000:]}")
+    assert ids_of(proc.wait_events(1)) == [1]
+    assert row["restarts"] == 0          # its dispatcher's deaths are not its crashes
+    assert proc.proc.poll() is None
+    assert "dispatcher died; restarting it after backoff" in proc.log()
+    assert "FATAL" not in proc.log()
+
+
+def test_reload_names_the_settings_it_cannot_apply(lapidus_factory, pg_db, tmp_path):
+    config = {"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}}
+    proc = lapidus_factory(config)
+    wait_until(lambda: running(proc.config_path, "pg"), 30)
+    config["state_dir"] = str(tmp_path / "elsewhere")
+    config["http"] = {"listen": "127.0.0.1:0"}
+    reload_with(proc, config)
+    log = proc.log()
+    assert "changes only when lapidus restarts" in log
+    assert '"setting": "state_dir"' in log and '"setting": "http.listen"' in log
