@@ -934,3 +934,35 @@ def test_documentation_is_generated_from_the_declarations():
 ])
 def test_secret_key_detection(key, secret):
     assert S.is_secret_key(key) is secret
+
+
+# --------------------------------------------------------------------------------------------
+# Encodings
+
+
+@pytest.mark.parametrize("name, body", [
+    ("lapidus.toml", '[[backends]]\ntype = "mysql"\nname = "bom"\n'),
+    ("lapidus.json", '{"backends": [{"type": "mysql", "name": "bom"}]}'),
+    ("lapidus.conf", '{"backends": [{"type": "mysql", "name": "bom"}]}'),   # sniffed as JSON
+])
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert load_config(path, env={}).backends[0].name == "bom"
+
+
+def test_syntax_errors_after_a_byte_order_mark_keep_their_columns(tmp_path):
+    path = tmp_path / "lapidus.toml"
+    path.write_bytes(b"\xef\xbb\xbflevel = \n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}:1:9: invalid TOML: Invalid value"]
+
+
+def test_utf16_text_is_named_as_such(tmp_path):
+    path = tmp_path / "lapidus.toml"
+    path.write_bytes('[[backends]]\ntype = "mysql"\n'.encode("utf-16"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: the file is UTF-16 text (it starts with a UTF-16 "
+                                   f"byte order mark); save it as UTF-8"]
