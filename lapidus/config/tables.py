@@ -69,8 +69,7 @@ class _TableReader(_Problems):
                 try:
                     table.values[s.name] = s.kind.check(value, self.ctx)
                 except S.Invalid as exc:
-                    self.problem(_join(path, table.written[s.name]),
-                                 exc.render(value, secret=s.secret))
+                    self.rejected(_join(path, table.written[s.name]), value, exc, s.secret)
                     table.values[s.name] = None
                     table.bad.add(s.name)
             elif s.required:
@@ -81,6 +80,14 @@ class _TableReader(_Problems):
                 default = s.default
                 table.values[s.name] = None if isinstance(default, S.Derived) else default
         return table
+
+    def rejected(self, key_path: str, value: Any, exc: S.Invalid, secret: bool) -> None:
+        """Report a value its kind refused: each bad element of a list under its own index."""
+        if exc.items:
+            for index, item in exc.items:
+                self.problem(f"{key_path}[{index}]", item.render(value[index], secret=secret))
+        else:
+            self.problem(key_path, exc.render(value, secret=secret))
 
     @staticmethod
     def missing(setting: S.Setting, kind_label: str) -> str:

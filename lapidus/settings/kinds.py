@@ -22,11 +22,15 @@ class Invalid(ValueError):
     point (a cross-check).  ``hint`` is appended, e.g. a did-you-mean.
     """
 
-    def __init__(self, expected: str = "", *, message: str = "", hint: str = ""):
-        super().__init__(message or expected)
+    def __init__(self, expected: str = "", *, message: str = "", hint: str = "",
+                 items: Tuple[Tuple[int, "Invalid"], ...] = ()):
+        super().__init__(message or expected or "; ".join(str(e) for _, e in items))
         self.expected = expected
         self.message = message
         self.hint = hint
+        # A list whose shape is right but some elements are not: ``(index, Invalid)`` for
+        # each, so that each is reported under its own key path (``include_tables[2]``).
+        self.items = items
 
     def render(self, value: Any, *, secret: bool = False) -> str:
         text = self.message or f"expected {self.expected}, got {describe(value, secret=secret)}"
@@ -153,12 +157,53 @@ class PathKind(Kind):
 
 
 class Globs(Kind):
+    """A list of ``fnmatch`` table patterns.  Each element is judged on its own, so that a
+    problem names the element and its index; :func:`glob_problem` says what is wrong with
+    one."""
+
     doc = "list of globs"
 
     def check(self, value: Any, ctx: Context) -> Tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        if not isinstance(value, list):
             raise Invalid('a list of table patterns such as ["sessions", "audit_*"]')
+        bad = tuple((i, problem) for i, problem in
+                    ((i, glob_problem(p)) for i, p in enumerate(value)) if problem)
+        if bad:
+            raise Invalid(items=bad)
         return tuple(value)
+
+
+def glob_problem(pattern: Any) -> Optional[Invalid]:
+    """What is wrong with one table pattern, or None.  fnmatch itself accepts anything (an
+    unclosed ``[`` is a literal), so a typo would silently match no table."""
+    if not isinstance(pattern, str):
+        return Invalid('a table pattern (a string such as "audit_*")')
+    if not pattern:
+        return Invalid(message="an empty pattern matches no table; remove it")
+    if _unclosed_class(pattern):
+        return Invalid(message=f'{describe(pattern)}: "[" starts a character class that is '
+                               f'never closed by "]"; write "[[]" for a literal "["')
+    return None
+
+
+def _unclosed_class(pattern: str) -> bool:
+    # Follows fnmatch.translate's scan: "[!" and a "]" right after the opening bracket belong
+    # to the class, so "[]]" and "[!]]" are closed classes.
+    i, n = 0, len(pattern)
+    while i < n:
+        char, i = pattern[i], i + 1
+        if char == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                return True
+            i = j + 1
+    return False
 
 
 _SIZE_RE = re.compile(r"\s*(\d+)\s*(|b|kb|mb|gb|tb|kib|mib|gib|tib)\s*", re.IGNORECASE)

@@ -966,3 +966,41 @@ def test_utf16_text_is_named_as_such(tmp_path):
         load_config(path)
     assert info.value.problems == [f"{path}: the file is UTF-16 text (it starts with a UTF-16 "
                                    f"byte order mark); save it as UTF-8"]
+
+
+# --------------------------------------------------------------------------------------------
+# Table patterns, element by element
+
+
+def test_each_bad_table_pattern_is_reported_with_its_index():
+    msgs = problems(pg(include_tables=["orders", "items[", ""], exclude_tables=["a", 7]))
+    assert msgs == [
+        'backends[0].include_tables[1]: "items[": "[" starts a character class that is never '
+        'closed by "]"; write "[[]" for a literal "["',
+        "backends[0].include_tables[2]: an empty pattern matches no table; remove it",
+        'backends[0].exclude_tables[1]: expected a table pattern (a string such as "audit_*"), '
+        "got 7",
+    ]
+
+
+def test_a_pattern_is_reported_as_spelt_under_an_alias():
+    assert problems({"type": "mysql", "excludeTables": ["ok", ""]}) == [
+        "backends[0].excludeTables[1]: an empty pattern matches no table; remove it"]
+
+
+@pytest.mark.parametrize("backend", [pg(), {"type": "mysql"}])
+def test_sql_patterns_have_at_most_one_dot(backend):
+    msgs = problems({**backend, "include_tables": ["a.b.c"], "exclude_tables": ["x.y"]})
+    assert msgs == ['backends[0].include_tables[0]: "a.b.c" has 2 dots; a pattern is "table" or '
+                    '"schema.table" (for a table whose name contains a dot, write "?" in place '
+                    'of that dot)']
+
+
+def test_mongo_patterns_may_name_collections_with_dots():
+    (b,) = parse({"type": "mongo", "include_tables": ["shop.system.profile", "db.a.*"]}).backends
+    assert b.include_tables == ("shop.system.profile", "db.a.*")
+
+
+def test_closed_character_classes_are_fine():
+    (b,) = parse(pg(include_tables=["t[0-9]", "[]]x", "[!]]y", "[[]literal"])).backends
+    assert b.include_tables == ("t[0-9]", "[]]x", "[!]]y", "[[]literal")
