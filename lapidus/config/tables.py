@@ -85,9 +85,11 @@ class _TableReader(_Problems):
         """Report a value its kind refused: each bad element of a list under its own index."""
         if exc.items:
             for index, item in exc.items:
-                self.problem(f"{key_path}[{index}]", item.render(value[index], secret=secret))
+                where = f"{key_path}[{index}]"
+                self.problem(where, item.render(value[index], secret=secret,
+                                                origin=self.origin(where)))
         else:
-            self.problem(key_path, exc.render(value, secret=secret))
+            self.problem(key_path, exc.render(value, secret=secret, origin=self.origin(key_path)))
 
     @staticmethod
     def missing(setting: S.Setting, kind_label: str) -> str:

@@ -51,6 +51,7 @@ class _Validator(_BackendReader, _Expander):
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.plugin_validators = plugin_validators
         self.problems: List[str] = []
+        self.origins = {}
         self.ctx = S.Context(env=self.env, is_root=_running_as_root(),
                              base_dir=Path(source).expanduser().parent.absolute())
 

@@ -30,6 +30,7 @@ class _Expander(_Problems):
         if not isinstance(value, str) or "${" not in value:
             return value
         failed = False
+        used = []
 
         def replace(match: "re.Match[str]") -> str:
             nonlocal failed
@@ -44,9 +45,15 @@ class _Expander(_Problems):
             elif name not in self.env:
                 self.problem(path, f"environment variable {name} is not set")
             else:
+                if name not in used:
+                    used.append(name)
                 return self.env[name]
             failed = True
             return ""
 
         expanded = _VAR_RE.sub(replace, value)
-        return _BAD if failed else expanded
+        if failed:
+            return _BAD
+        if used:
+            self.origins[path] = (tuple(used), _VAR_RE.fullmatch(value) is not None)
+        return expanded

@@ -32,8 +32,12 @@ class Invalid(ValueError):
         # each, so that each is reported under its own key path (``include_tables[2]``).
         self.items = items
 
-    def render(self, value: Any, *, secret: bool = False) -> str:
+    def render(self, value: Any, *, secret: bool = False, origin: str = "") -> str:
+        """The sentence; ``origin`` (e.g. ``"from ${PG_PORT}"``) says where the value came
+        from when the file does not show it."""
         text = self.message or f"expected {self.expected}, got {describe(value, secret=secret)}"
+        if origin:
+            text += f" ({origin})"
         return f"{text} ({self.hint})" if self.hint else text
 
 

@@ -1004,3 +1004,47 @@ def test_mongo_patterns_may_name_collections_with_dots():
 def test_closed_character_classes_are_fine():
     (b,) = parse(pg(include_tables=["t[0-9]", "[]]x", "[!]]y", "[[]literal"])).backends
     assert b.include_tables == ("t[0-9]", "[]]x", "[!]]y", "[[]literal")
+
+
+# --------------------------------------------------------------------------------------------
+# Bad values that came from ${VAR}
+
+
+def test_a_bad_value_from_a_variable_names_the_variable():
+    msgs = problems(pg(port="${PG_PORT}", decoder="${DEC}", host="${H}"),
+                    env={"PG_PORT": "abc", "DEC": "wal2jsn", "H": ""})
+    assert msgs == [
+        'backends[0].host: must not be empty (from ${H})',
+        'backends[0].port: expected an integer from 1 to 65535, got "abc" (from ${PG_PORT})',
+        'backends[0].decoder: expected one of auto, pgoutput, wal2json, got "wal2jsn" '
+        '(from ${DEC}) (did you mean "wal2json"?)',
+    ]
+
+
+def test_a_value_partly_from_variables_names_them():
+    assert problems(pg(port="${A}${B}"), env={"A": "54", "B": "x"}) == [
+        'backends[0].port: expected an integer from 1 to 65535, got "54x" '
+        '(with ${A}, ${B} expanded)']
+
+
+def test_a_secret_from_a_variable_is_named_but_not_shown():
+    (msg,) = problems({"type": "mongo", "uri": "${URI}"}, env={"URI": "http://u:pw-Zq9@h"})
+    assert msg == ("backends[0].uri: expected a connection string starting with mongodb:// or "
+                   "mongodb+srv://, got a string (from ${URI})")
+
+
+def test_pattern_and_plugin_problems_name_the_variable():
+    msgs = problems(pg(exclude_tables=["ok", "${T}"]),
+                    plugins={"nats": {"servers": ["${NATS}"]}},
+                    plugin_validators={"nats": lambda o: [("servers[0]", "not a nats:// URL")]},
+                    env={"T": "", "NATS": "http://h"})
+    assert msgs == [
+        "backends[0].exclude_tables[1]: an empty pattern matches no table; remove it "
+        "(from ${T})",
+        "plugins.nats.servers[0]: not a nats:// URL (from ${NATS})",
+    ]
+
+
+def test_values_written_in_the_file_have_no_origin():
+    assert problems(pg(port="abc")) == [
+        'backends[0].port: expected an integer from 1 to 65535, got "abc"']
