@@ -21,6 +21,9 @@ The package only re-exports; each module has one job:
 * :mod:`.validate`: :func:`parse_config` and the validator, made of :mod:`.variables`
   (``${VAR}``), :mod:`.tables`, :mod:`.plugins`, :mod:`.backends` and :mod:`.problems`.
 * :mod:`.secrets`: masking and scrubbing secrets.
+* :mod:`.preflight`: :func:`check_preflight`, a valid configuration against this machine
+  (``state_dir`` writable, ``[http] listen`` free); for ``lapidus -t`` and the supervisor's
+  start.
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ from .files import read_file
 from .load import DEFAULT_FILES, control_socket_for, load_config
 from .model import BackendConfig, Config, ControlConfig, HttpConfig, LogConfig, SupervisorConfig
 from .plugins import PluginValidator
+from .preflight import bind_problem, check_preflight
 from .secrets import mask_secrets, mask_uri
 from .validate import parse_config
 
 __all__ = [
     "BackendConfig", "Config", "ConfigError", "ControlConfig", "DEFAULT_FILES", "HttpConfig",
-    "LogConfig", "PluginValidator", "SupervisorConfig", "control_socket_for", "load_config",
-    "mask_secrets", "mask_uri", "parse_config", "read_file",
+    "LogConfig", "PluginValidator", "SupervisorConfig", "bind_problem", "check_preflight",
+    "control_socket_for", "load_config", "mask_secrets", "mask_uri", "parse_config",
+    "read_file",
 ]
 
 

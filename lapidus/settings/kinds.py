@@ -5,6 +5,7 @@ A kind's ``doc`` is the type column of the generated documentation.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Any, Optional, Tuple
@@ -234,6 +235,9 @@ class ByteSize(Kind):
 
 
 class Listen(Kind):
+    """``host:port`` to listen on, an IPv6 address in brackets (``[::1]:9187``).  Whether it
+    can be bound is :mod:`lapidus.config.preflight`'s question."""
+
     doc = '"host:port"'
 
     def check(self, value: Any, ctx: Context) -> str:
@@ -241,7 +245,34 @@ class Listen(Kind):
             parts = split_listen(value)
             if parts is not None:
                 return value
-        raise Invalid('"host:port" such as "127.0.0.1:9187" (port 0 picks a free port)')
+        raise Invalid('"host:port" such as "127.0.0.1:9187" (port 0 picks a free port)',
+                      hint=_listen_hint(value))
+
+
+def _listen_hint(value: Any) -> str:
+    """What exactly is wrong with a refused listen address, when it can be told."""
+    if not isinstance(value, str) or ":" not in value:
+        return ""
+    host, port = value.strip().rsplit(":", 1)
+    if port.isdigit() and int(port) > 65535:
+        return "a port is 0 to 65535"
+    if not host:
+        return "give a host: 127.0.0.1 for this machine only, 0.0.0.0 for every interface"
+    if host.startswith("["):
+        inner = host.strip("[]")
+        if not _is_ipv6(inner):
+            return f"{describe(inner)} is not an IPv6 address"
+    elif ":" in host and _is_ipv6(host):
+        return f"an IPv6 address goes in brackets: \"[{host}]:{port}\""
+    return ""
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class Pattern(Kind):
@@ -301,7 +332,10 @@ def split_listen(text: str) -> Optional[Tuple[str, int]]:
     match = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})\s*", text)
     if not match or int(match.group(2)) > 65535:
         return None
-    return match.group(1).strip("[]"), int(match.group(2))
+    host = match.group(1)
+    if host.startswith("[") and not _is_ipv6(host[1:-1]):
+        return None
+    return host.strip("[]"), int(match.group(2))
 
 
 def _as_int(value: Any) -> Optional[int]:

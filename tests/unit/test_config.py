@@ -1048,3 +1048,33 @@ def test_pattern_and_plugin_problems_name_the_variable():
 def test_values_written_in_the_file_have_no_origin():
     assert problems(pg(port="abc")) == [
         'backends[0].port: expected an integer from 1 to 65535, got "abc"']
+
+
+# --------------------------------------------------------------------------------------------
+# [http] listen syntax (whether it can be bound: tests/unit/test_preflight.py)
+
+
+_LISTEN = 'expected "host:port" such as "127.0.0.1:9187" (port 0 picks a free port), got '
+
+
+@pytest.mark.parametrize("listen, hint", [
+    ("::1:9187", ' (an IPv6 address goes in brackets: "[::1]:9187")'),
+    ("[::zz]:9187", ' ("::zz" is not an IPv6 address)'),
+    ("[1.2.3.4]:9187", ' ("1.2.3.4" is not an IPv6 address)'),
+    ("127.0.0.1:70000", " (a port is 0 to 65535)"),
+    (":9187", " (give a host: 127.0.0.1 for this machine only, 0.0.0.0 for every interface)"),
+    ("localhost:http", ""),
+])
+def test_listen_syntax_problems_say_what_is_wrong(listen, hint):
+    assert problems(pg(), http={"listen": listen}) == [
+        f'http.listen: {_LISTEN}"{listen}"{hint}']
+
+
+@pytest.mark.parametrize("listen, host, port", [
+    ("127.0.0.1:0", "127.0.0.1", 0), ("[::]:9187", "::", 9187), ("localhost:65535",
+                                                                  "localhost", 65535),
+    ("[fe80::1]:1", "fe80::1", 1),
+])
+def test_listen_forms_accepted(listen, host, port):
+    cfg = parse(pg(), http={"listen": listen})
+    assert (cfg.http.host, cfg.http.port) == (host, port)
