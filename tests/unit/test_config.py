@@ -1078,3 +1078,86 @@ def test_listen_syntax_problems_say_what_is_wrong(listen, hint):
 def test_listen_forms_accepted(listen, host, port):
     cfg = parse(pg(), http={"listen": listen})
     assert (cfg.http.host, cfg.http.port) == (host, port)
+
+
+# --------------------------------------------------------------------------------------------
+# Unset secrets: lapidus -t and lapidusctl run in shells without the service's secrets
+
+
+def lenient(*backends, env=None, **top):
+    return parse_config({"backends": list(backends), **top}, source="/etc/lapidus/lapidus.toml",
+                        env={} if env is None else env, secrets_optional=True)
+
+
+def test_an_unset_secret_is_a_warning_when_secrets_are_optional():
+    cfg = lenient(pg(password="${SHOP_PG_PASSWORD}"),
+                  {"type": "mongo", "uri": "${MONGO_URI}"},
+                  plugins={"nats": {"token": "${NATS_TOKEN}"},
+                           "exec": {"command": ["cat"], "env": {"PGPASSWORD": "${PGPW}"}}})
+    assert cfg.warnings == tuple(
+        f"{path}: environment variable {name} is not set here; this secret was not checked, "
+        f"and lapidus will refuse to start unless {name} is set where it runs (the service's "
+        f"EnvironmentFile)"
+        for path, name in [("backends[0].password", "SHOP_PG_PASSWORD"),
+                           ("backends[1].uri", "MONGO_URI"), ("plugins.nats.token", "NATS_TOKEN"),
+                           ("plugins.exec.env.PGPASSWORD", "PGPW")])
+    shop, mongo = cfg.backends
+    assert shop.options["password"] is None and mongo.options["uri"] is None
+
+
+def test_the_password_inside_a_url_is_a_secret_too():
+    cfg = lenient({"type": "mongo", "uri": "mongodb://app:${MONGO_PW}@m1/?replicaSet=rs0"},
+                  plugins={"nats": {"servers": ["nats://lap:${NATS_PW}@h:4222"]}})
+    assert [w.split(":")[0] for w in cfg.warnings] == ["backends[0].uri",
+                                                       "plugins.nats.servers[0]"]
+    assert cfg.backends[0].options["uri"] == "mongodb://app:@m1/?replicaSet=rs0"   # still checked
+    assert cfg.plugins["nats"]["servers"] == ["nats://lap:@h:4222"]
+
+
+def test_unset_variables_outside_secrets_stay_problems_when_secrets_are_optional():
+    with pytest.raises(ConfigError) as info:
+        lenient(pg(password="${PW}", port="${PG_PORT}"),
+                {"type": "mongo", "uri": "mongodb://${MONGO_HOST}/"})
+    assert info.value.problems == [
+        "backends[0].port: environment variable PG_PORT is not set",
+        "backends[1].uri: environment variable MONGO_HOST is not set"]
+
+
+def test_without_secrets_optional_an_unset_secret_is_still_a_problem():
+    assert problems(pg(password="${SHOP_PG_PASSWORD}")) == [
+        "backends[0].password: environment variable SHOP_PG_PASSWORD is not set"]
+    assert parse(pg(password="${PW}"), env={"PW": "x"}).warnings == ()
+
+
+def test_load_config_passes_secrets_optional(tmp_path):
+    path = write(tmp_path, "lapidus.toml",
+                 '[[backends]]\ntype = "postgresql"\ndatabase = "d"\npassword = "${PW}"\n')
+    assert len(load_config(path, env={}, secrets_optional=True).warnings) == 1
+    with pytest.raises(ConfigError):
+        load_config(path, env={})
+
+
+def test_control_socket_needs_no_backend_or_plugin_variable(tmp_path):
+    path = write(tmp_path, "lapidus.toml", f'''
+state_dir = "{tmp_path}/state"
+[[backends]]
+type = "postgresql"
+database = "${{DB}}"
+password = "${{SHOP_PG_PASSWORD}}"
+port = "${{PG_PORT}}"
+[plugins.nats]
+token = "${{NATS_TOKEN}}"
+''')
+    assert config_module.control_socket_for(path, env={}) == tmp_path / "state" / "lapidus.sock"
+
+
+def test_control_socket_says_when_it_needs_a_variable(tmp_path):
+    path = write(tmp_path, "lapidus.toml", 'state_dir = "/var/lib/lapidus/${TENANT}"\n'
+                                           '[[backends]]\ntype = "mysql"\n')
+    with pytest.raises(ConfigError) as info:
+        config_module.control_socket_for(path, env={})
+    assert info.value.problems == [
+        "state_dir: environment variable TENANT is not set; it is needed to find the control "
+        "socket (or give the socket with --socket PATH)"]
+    assert config_module.control_socket_for(path, env={"TENANT": "t1"}) == Path(
+        "/var/lib/lapidus/t1/lapidus.sock")
