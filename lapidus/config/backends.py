@@ -5,6 +5,7 @@ database), no slot or server id shared on one server; then building each
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -60,7 +61,9 @@ class _BackendReader(_TableReader, _PluginReader):
         if isinstance(backend_type, str) and backend_type in S.BACKEND_TYPES:
             decls = S.backend_settings(backend_type)
             table = self.read_table(raw, decls, path, kind_label=backend_type,
-                                    elsewhere=S.backend_keys_elsewhere(backend_type))
+                                    elsewhere=S.backend_keys_elsewhere(backend_type),
+                                    ctx=dataclasses.replace(self.ctx,
+                                                            backend_type=backend_type))
         else:
             # Unknown type: still check what every backend shares and report misspellings,
             # but do not judge type-specific keys we cannot attribute.
@@ -73,8 +76,6 @@ class _BackendReader(_TableReader, _PluginReader):
             table.values["plugins"] = self.read_plugins(plugins, _join(path, "plugins"))
         if table.values.get("type") is None:
             return None
-        if backend_type in S.SQL:
-            self.check_sql_patterns(pending)
         if backend_type == "postgresql":
             self.check_spool(pending)
         if backend_type == "mongo":
@@ -86,19 +87,6 @@ class _BackendReader(_TableReader, _PluginReader):
         if segment is not None and cap is not None and cap < segment:
             self.problem(p.key_path("spool_max_bytes"), f"must be at least spool_segment_bytes "
                                                         f"({segment}), got {cap}")
-
-    def check_sql_patterns(self, p: _PendingBackend) -> None:
-        """A PostgreSQL or MySQL pattern is ``table`` or ``schema.table``: a second dot is a
-        typo that would match nothing.  (MongoDB collection names may contain dots, so
-        ``db.coll.sub`` is a valid pattern there.)"""
-        for name in ("include_tables", "exclude_tables"):
-            for index, pattern in enumerate(p.values.get(name) or ()):
-                dots = pattern.count(".")
-                if dots > 1:
-                    self.problem(f"{p.key_path(name)}[{index}]",
-                                 f'{S.describe(pattern)} has {dots} dots; a pattern is '
-                                 f'"table" or "schema.table" (for a table whose name contains '
-                                 f'a dot, write "?" in place of that dot)')
 
     def check_mongo(self, p: _PendingBackend) -> None:
         written = p.table.written

@@ -29,14 +29,16 @@ class _TableReader(_Problems):
     def read_table(self, raw: Mapping[str, Any], decls: Sequence[S.Setting], path: str, *,
                    elsewhere: Optional[Mapping[str, Tuple[str, ...]]] = None,
                    kind_label: str = "", tolerate: Sequence[str] = (),
-                   suggest_from: Optional[Sequence[str]] = None) -> _Table:
+                   suggest_from: Optional[Sequence[str]] = None,
+                   ctx: Optional[S.Context] = None) -> _Table:
         """Check ``raw`` against ``decls``: unknown keys, alias clashes, values, required keys.
 
         ``elsewhere`` maps keys that belong to other backend types to those types (for a
         better message); keys in ``tolerate`` are silently ignored (used when the backend
         type is unknown, so only real misspellings are reported); ``suggest_from`` widens
-        the keys a did-you-mean may propose.
+        the keys a did-you-mean may propose; ``ctx`` replaces ``self.ctx`` for the kinds.
         """
+        ctx = ctx or self.ctx
         table = _Table(values={}, written={}, bad=set())
         by_name = {s.name: s for s in decls}
         alias_of = {a: s.name for s in decls for a in s.aliases}
@@ -67,7 +69,7 @@ class _TableReader(_Problems):
                     table.bad.add(s.name)
                     continue
                 try:
-                    table.values[s.name] = s.kind.check(value, self.ctx)
+                    table.values[s.name] = s.kind.check(value, ctx)
                 except S.Invalid as exc:
                     self.rejected(_join(path, table.written[s.name]), value, exc, s.secret)
                     table.values[s.name] = None

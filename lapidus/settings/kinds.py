@@ -171,16 +171,21 @@ class Globs(Kind):
     def check(self, value: Any, ctx: Context) -> Tuple[str, ...]:
         if not isinstance(value, list):
             raise Invalid('a list of table patterns such as ["sessions", "audit_*"]')
+        # PostgreSQL and MySQL patterns are "table" or "schema.table"; MongoDB collection
+        # names may contain dots ("db.system.profile"), so more dots are fine there.
+        one_dot = ctx is not None and ctx.backend_type in ("postgresql", "mysql")
         bad = tuple((i, problem) for i, problem in
-                    ((i, glob_problem(p)) for i, p in enumerate(value)) if problem)
+                    ((i, glob_problem(p, one_dot=one_dot)) for i, p in enumerate(value))
+                    if problem)
         if bad:
             raise Invalid(items=bad)
         return tuple(value)
 
 
-def glob_problem(pattern: Any) -> Optional[Invalid]:
+def glob_problem(pattern: Any, *, one_dot: bool = False) -> Optional[Invalid]:
     """What is wrong with one table pattern, or None.  fnmatch itself accepts anything (an
-    unclosed ``[`` is a literal), so a typo would silently match no table."""
+    unclosed ``[`` is a literal), so a typo would silently match no table.  ``one_dot``: a
+    second dot is one too (``a.b.c`` for PostgreSQL or MySQL)."""
     if not isinstance(pattern, str):
         return Invalid('a table pattern (a string such as "audit_*")')
     if not pattern:
@@ -188,6 +193,11 @@ def glob_problem(pattern: Any) -> Optional[Invalid]:
     if _unclosed_class(pattern):
         return Invalid(message=f'{describe(pattern)}: "[" starts a character class that is '
                                f'never closed by "]"; write "[[]" for a literal "["')
+    dots = pattern.count(".")
+    if one_dot and dots > 1:
+        return Invalid(message=f'{describe(pattern)} has {dots} dots; a pattern is "table" or '
+                               f'"schema.table" (for a table whose name contains a dot, write '
+                               f'"?" in place of that dot)')
     return None
 
 

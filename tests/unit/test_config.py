@@ -1161,3 +1161,9 @@ def test_control_socket_says_when_it_needs_a_variable(tmp_path):
         "socket (or give the socket with --socket PATH)"]
     assert config_module.control_socket_for(path, env={"TENANT": "t1"}) == Path(
         "/var/lib/lapidus/t1/lapidus.sock")
+
+
+def test_every_bad_pattern_of_a_list_is_reported_together():
+    assert [m.split(":")[0] for m in problems(pg(include_tables=["items[", "a.b.c", ""]))] == [
+        "backends[0].include_tables[0]", "backends[0].include_tables[1]",
+        "backends[0].include_tables[2]"]
