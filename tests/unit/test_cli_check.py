@@ -80,3 +80,17 @@ def test_an_unset_secret_is_a_warning_for_check_only(tmp_path, capsys, monkeypat
     assert "backends[0].password: environment variable SHOP_PG_PASSWORD is not set\n" in \
         capsys.readouterr().err
     assert not (tmp_path / "state").exists()            # nothing was created on the way
+
+
+def test_lapidusctl_finds_the_socket_without_the_services_secrets(tmp_path, capsys,
+                                                                  monkeypatch):
+    # An operator's shell: the secrets live only in the unit's EnvironmentFile.
+    from lapidus import ctl
+
+    for name in ("SHOP_PG_PASSWORD", "NATS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    path = write(tmp_path, tmp_path / "state", pg={"password": "${SHOP_PG_PASSWORD}"},
+                 plugins={"nats": {"token": "${NATS_TOKEN}"}})
+    assert ctl.main(["-c", str(path), "status"]) == 3          # no lapidus runs: unreachable
+    assert f"cannot reach lapidus at {tmp_path / 'state' / 'lapidus.sock'}" in \
+        capsys.readouterr().err
