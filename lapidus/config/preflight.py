@@ -165,8 +165,10 @@ def bind_problem(listen: str, exc: OSError) -> str:
                 f"{exc.strerror or exc}; give an IP address (127.0.0.1, [::1]) or a name that "
                 f"resolves")
     if exc.errno == errno.EADDRINUSE:
+        port = listen.rsplit(":", 1)[-1]
         return (f"http.listen: address in use: another program already listens on {listen}; "
-                f"stop it, or choose another port in [http] listen")
+                f"stop it (ss -ltnp 'sport = :{port}' shows which), or choose another port "
+                f"in [http] listen")
     if exc.errno == errno.EADDRNOTAVAIL:
         return (f"http.listen: {host} is not an address of this machine; use one of its "
                 f"addresses, 127.0.0.1 for this machine only or 0.0.0.0 for every interface")
@@ -185,10 +187,21 @@ def _held_by_this_lapidus(config: Config, port: int) -> bool:
         pid = int((Path(config.state_dir) / LOCK_FILE).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return False
-    try:
-        import psutil
+    import psutil
 
-        connections = psutil.Process(pid).net_connections(kind="inet")
-    except Exception:           # gone, not ours to inspect, or an old psutil
+    try:
+        process = psutil.Process(pid)
+        # net_connections since psutil 6, connections before (pyproject allows 5.9).
+        listing = getattr(process, "net_connections", None) or process.connections
+        connections = listing(kind="inet")
+    except psutil.AccessDenied:
+        # Another user's process (lapidus -t run by an operator, the service as "lapidus"):
+        # its sockets cannot be listed, but its command line can; a live lapidus holding
+        # this state_dir's lock is taken to be the one on the port.
+        try:
+            return any("lapidus" in part for part in process.cmdline())
+        except psutil.Error:
+            return False
+    except psutil.Error:                        # gone (a stale lock file)
         return False
     return any(c.status == "LISTEN" and c.laddr and c.laddr.port == port for c in connections)

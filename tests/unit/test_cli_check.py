@@ -62,7 +62,8 @@ def test_listen_address_in_use(tmp_path, capsys):
         assert cli.main(["-c", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count(f"  - http.listen: address in use: another program already listens on "
-                     f"127.0.0.1:{port}; stop it, or choose another port in [http] listen\n") == 2
+                     f"127.0.0.1:{port}; stop it (ss -ltnp 'sport = :{port}' shows which), or "
+                     f"choose another port in [http] listen\n") == 2
 
 
 def test_an_unset_secret_is_a_warning_for_check_only(tmp_path, capsys, monkeypatch):

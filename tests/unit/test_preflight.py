@@ -166,7 +166,8 @@ def test_a_free_listen_address_passes(tmp_path):
 def test_listen_address_in_use(tmp_path, taken_port):
     assert problems(config(tmp_path, listen=f"127.0.0.1:{taken_port}")) == [
         f"http.listen: address in use: another program already listens on "
-        f"127.0.0.1:{taken_port}; stop it, or choose another port in [http] listen"]
+        f"127.0.0.1:{taken_port}; stop it (ss -ltnp 'sport = :{taken_port}' shows which), or "
+        f"choose another port in [http] listen"]
     check_preflight(config(tmp_path, listen=f"127.0.0.1:{taken_port}"), try_bind=False)
 
 
@@ -204,3 +205,22 @@ def test_state_dir_and_listen_problems_together(tmp_path, taken_port):
     (tmp_path / "shop").write_text("")
     msgs = problems(config(tmp_path, listen=f"127.0.0.1:{taken_port}"))
     assert [m.split(":")[0] for m in msgs] == ["state_dir", "http.listen"]
+
+
+def test_a_port_held_by_another_users_lapidus_is_recognised_by_its_command_line(
+        tmp_path, taken_port, monkeypatch):
+    import psutil
+
+    class Foreign:
+        def __init__(self, pid):
+            pass
+
+        def net_connections(self, kind):
+            raise psutil.AccessDenied()
+
+        def cmdline(self):
+            return ["/usr/bin/python3", "/usr/bin/lapidus", "-c", "/etc/lapidus/lapidus.toml"]
+
+    monkeypatch.setattr(psutil, "Process", Foreign)
+    (tmp_path / "lapidus.lock").write_text("4242\n")
+    check_preflight(config(tmp_path, listen=f"127.0.0.1:{taken_port}"))
