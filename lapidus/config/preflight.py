@@ -47,26 +47,28 @@ def state_dir_problems(config: Config) -> List[str]:
     existing parent a directory this user may write); in it, each backend's directory,
     ``<state_dir>/<name>``, and the lock file must not be something else.  Likewise the
     directory of ``control.socket`` when it lies outside ``state_dir``."""
+    # os.path's predicates throughout: they answer False on any OSError, where pathlib's
+    # raise PermissionError, the very traceback this module is here to prevent.
     state_dir = Path(config.state_dir)
     problem = _directory_problem(state_dir, "set state_dir to")
     if problem:
         return [f"state_dir: {problem}"]
     problems: List[str] = []
-    if state_dir.is_dir():
+    if os.path.isdir(state_dir):
         for index, backend in enumerate(config.backends):
             path = state_dir / backend.name
             owner = f'backend "{backend.name}" (backends[{index}]) keeps its checkpoint there'
-            if os.path.lexists(path) and not path.is_dir():
+            if os.path.lexists(path) and not os.path.isdir(path):
                 problems.append(f"state_dir: {path} is {_what(path)}, but {owner}; move it "
                                 f"away or rename the backend")
-            elif path.is_dir() and not _may_write(path):
+            elif os.path.isdir(path) and not _may_write(path):
                 problems.append(f"state_dir: {path} is not writable by user {_user()}, but "
                                 f"{owner}; {_chown_fix(path)}")
         lock = state_dir / LOCK_FILE
-        if os.path.lexists(lock) and not lock.is_file():
+        if os.path.lexists(lock) and not os.path.isfile(lock):
             problems.append(f"state_dir: {lock} is {_what(lock)}; lapidus keeps its lock file "
                             f"there, move it away")
-        elif lock.is_file() and not os.access(lock, os.R_OK | os.W_OK):
+        elif os.path.isfile(lock) and not os.access(lock, os.R_OK | os.W_OK):
             problems.append(f"state_dir: {lock} (the lock file) is not writable by user "
                             f"{_user()}; {_chown_fix(lock)}")
     socket_path = Path(config.control.socket)
@@ -74,7 +76,7 @@ def state_dir_problems(config: Config) -> List[str]:
         problem = _directory_problem(socket_path.parent, "put control.socket in")
         if problem:
             problems.append(f"control.socket: {problem}")
-    if socket_path.is_dir():
+    if os.path.isdir(socket_path):
         problems.append(f"control.socket: {socket_path} is a directory; set control.socket to "
                         f"a path for the socket")
     return problems
@@ -83,17 +85,23 @@ def state_dir_problems(config: Config) -> List[str]:
 def _directory_problem(path: Path, move: str) -> Optional[str]:
     """Why this user cannot use ``path`` as a directory it writes (creating it if need be),
     or None.  ``move`` starts the other fix: "set state_dir to" (a directory ...)."""
-    if os.path.lexists(path):
-        if not path.is_dir():
+    found = _lookup(path)
+    if found == "exists":
+        if not os.path.isdir(path):
             return f"{path} is {_what(path)}, not a directory; remove it or {move} a directory"
         if not _may_write(path):
             return (f"{path} is not writable by user {_user()}; {_chown_fix(path)}, or {move} "
                     f"a directory this user may write")
         return None
-    parent = path.parent
-    while not os.path.lexists(parent) and parent != parent.parent:
+    parent = path
+    while found == "missing" and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir():
+        found = _lookup(parent)
+    if found == "denied":
+        return (f"{path} cannot be reached by user {_user()}: a directory on the way to it is "
+                f"not searchable (permission denied); give that user access, or {move} a "
+                f"directory this user may write")
+    if not os.path.isdir(parent):
         return (f"{path} cannot be created: {parent} is {_what(parent)}, not a directory; "
                 f"{move} a directory that does not lie under a file")
     if not _may_write(parent):
@@ -101,6 +109,18 @@ def _directory_problem(path: Path, move: str) -> Optional[str]:
                 f"writable); create it as root (install -d -o {_user()} -m 0700 {path}) or "
                 f"{move} a directory this user may write")
     return None
+
+
+def _lookup(path: Path) -> str:
+    """``exists`` (even a dangling symbolic link), ``missing`` (nothing there, or a file
+    on the way: ENOTDIR), or ``denied`` (a directory on the way is not searchable)."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return "denied"
+    except OSError:
+        return "missing"
+    return "exists"
 
 
 def _may_write(path: Path) -> bool:
@@ -111,9 +131,9 @@ def _may_write(path: Path) -> bool:
 
 
 def _what(path: Path) -> str:
-    if path.is_symlink() and not path.exists():
+    if os.path.islink(path) and not os.path.exists(path):
         return f"a symbolic link to {os.readlink(path)}, which does not exist"
-    if path.is_dir():
+    if os.path.isdir(path):
         return "a directory"
     return "a file"
 

@@ -224,3 +224,25 @@ def test_a_port_held_by_another_users_lapidus_is_recognised_by_its_command_line(
     monkeypatch.setattr(psutil, "Process", Foreign)
     (tmp_path / "lapidus.lock").write_text("4242\n")
     check_preflight(config(tmp_path, listen=f"127.0.0.1:{taken_port}"))
+
+
+def test_a_state_dir_behind_an_unsearchable_directory(tmp_path, monkeypatch):
+    # As a user, /root/x/state: lstat fails with EACCES whether or not it exists.
+    hidden = tmp_path / "private"
+    real = preflight._lookup
+    monkeypatch.setattr(preflight, "_lookup", lambda p: "denied" if hidden in Path(p).parents
+                        else real(p))
+    path = hidden / "state"
+    assert problems(config(path)) == [
+        f"state_dir: {path} cannot be reached by user {user()}: a directory on the way to it is "
+        f"not searchable (permission denied); give that user access, or set state_dir to a "
+        f"directory this user may write"]
+
+
+def test_lookup_tells_missing_from_existing(tmp_path):
+    (tmp_path / "f").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert preflight._lookup(tmp_path / "f") == "exists"
+    assert preflight._lookup(tmp_path / "dangling") == "exists"
+    assert preflight._lookup(tmp_path / "nope") == "missing"
+    assert preflight._lookup(tmp_path / "f" / "under") == "missing"        # ENOTDIR
