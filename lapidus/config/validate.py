@@ -36,10 +36,10 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<memory>",
     checks each plugin's options; when given, plugin names it does not list are errors.
     Raises :class:`ConfigError` with every problem found.
 
-    ``secrets_optional`` is for callers that never connect (``lapidus -t``, ``lapidusctl``'s
-    socket lookup): an unset ``${VAR}`` used only in a secret becomes a line of
-    ``Config.warnings`` instead of a problem, and that secret is None (or, inside a URL,
-    empty).  Such a Config must not be run.
+    ``secrets_optional`` is for a caller that never connects (``lapidus -t``): an unset
+    ``${VAR}`` used only in a secret becomes a line of ``Config.warnings`` instead of a
+    problem, and that secret is None (or, inside a URL, empty).  Such a Config must not be
+    run.
     """
     return _Validator(source, env, plugin_validators, secrets_optional).run(data)
 

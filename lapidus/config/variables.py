@@ -89,4 +89,3 @@ class _Expander(_Problems):
             f"{path}: environment variable {name} is not set here; this secret was not "
             f"checked, and lapidus will refuse to start unless {name} is set where it runs "
             f"(the service's EnvironmentFile)")
-
