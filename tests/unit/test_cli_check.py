@@ -95,3 +95,13 @@ def test_lapidusctl_finds_the_socket_without_the_services_secrets(tmp_path, caps
     assert ctl.main(["-c", str(path), "status"]) == 3          # no lapidus runs: unreachable
     assert f"cannot reach lapidus at {tmp_path / 'state' / 'lapidus.sock'}" in \
         capsys.readouterr().err
+
+
+def test_lapidusctl_dead_letters_reads_the_file_without_the_services_secrets(tmp_path, capsys,
+                                                                             monkeypatch):
+    from lapidus import ctl
+
+    monkeypatch.delenv("SHOP_PG_PASSWORD", raising=False)
+    path = write(tmp_path, tmp_path / "state", pg={"password": "${SHOP_PG_PASSWORD}"})
+    assert ctl.main(["-c", str(path), "dead-letters", "shop"]) == 0
+    assert capsys.readouterr().out.startswith("no dead letters for shop")
