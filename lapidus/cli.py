@@ -12,7 +12,7 @@ import sys
 from typing import List, Optional
 
 from . import __version__, exitcodes, logs
-from .config import ConfigError, load_config
+from .config import ConfigError, check_preflight, load_config
 from .sinks import registry
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = exitcodes.OK, exitcodes.RUNTIME, exitcodes.USAGE
@@ -39,9 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(path: Optional[str], add_stdout: bool):
-    """Load and validate, with plugin options checked by the plugins themselves."""
-    config = load_config(path, plugin_validators=registry.validators())
+def load(path: Optional[str], add_stdout: bool, *, checking: bool = False):
+    """Load and validate, with plugin options checked by the plugins themselves, then check
+    the result against this machine (state_dir, [http] listen).  ``checking`` (``-t``): an
+    unset variable used only in a secret is a warning, not a problem."""
+    config = load_config(path, plugin_validators=registry.validators(),
+                         secrets_optional=checking)
+    check_preflight(config)
     if add_stdout:
         config = config.with_plugin("stdout", {})
     return config
@@ -60,12 +64,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .demo import run_demo
         return run_demo(args.dsn)
     try:
-        config = load(args.config, args.stdout)
+        config = load(args.config, args.stdout, checking=args.test)
     except ConfigError as exc:
         print_problems(exc)
         return EXIT_USAGE
     if args.test:
         print(json.dumps(config.redacted(), indent=2, default=str))
+        for warning in config.warnings:
+            print(f"lapidus: warning: {warning}", file=sys.stderr)
         print(f"lapidus: configuration {config.source} is valid "
               f"({len(config.backends)} backend(s))", file=sys.stderr)
         return EXIT_OK

@@ -188,7 +188,9 @@ def dead_letters_command(args) -> int:
     if args.resend:
         return send_request(args, {"command": "resend_dead_letters", "backend": args.backend})
     try:
-        config = load_config(args.config)
+        # Only reads a file under state_dir: the operator's shell need not hold the secrets
+        # (docs/configuration.md, "Variables that are not set").
+        config = load_config(args.config, secrets_optional=True)
     except ConfigError as exc:
         print(f"lapidusctl: {exc}", file=sys.stderr)
         return EXIT_USAGE

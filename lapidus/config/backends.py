@@ -5,6 +5,7 @@ database), no slot or server id shared on one server; then building each
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -60,7 +61,9 @@ class _BackendReader(_TableReader, _PluginReader):
         if isinstance(backend_type, str) and backend_type in S.BACKEND_TYPES:
             decls = S.backend_settings(backend_type)
             table = self.read_table(raw, decls, path, kind_label=backend_type,
-                                    elsewhere=S.backend_keys_elsewhere(backend_type))
+                                    elsewhere=S.backend_keys_elsewhere(backend_type),
+                                    ctx=dataclasses.replace(self.ctx,
+                                                            backend_type=backend_type))
         else:
             # Unknown type: still check what every backend shares and report misspellings,
             # but do not judge type-specific keys we cannot attribute.

@@ -1,6 +1,6 @@
 """Reading a configuration file: TOML or JSON into a dict, syntax errors as
 :class:`ConfigError` naming file, line and column, JSON keys given twice remembered for the
-validator to report."""
+validator to report.  A UTF-8 byte order mark is accepted; UTF-16 text is named as such."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from typing import Any, Dict, List, Tuple
 
 from .. import settings as S
 from .errors import ConfigError
+
+# Windows editors (Notepad, PowerShell's Out-File) start UTF-8 files with a byte order mark.
+# Neither TOML nor JSON parsers accept it ("Invalid statement" at 1:1), while every editor
+# hides it, so the user cannot see what is wrong: drop it.
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,6 +32,11 @@ def read_file(path: Path) -> Dict[str, Any]:
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the configuration file: "
                            f"{exc.strerror or exc}"], str(path)) from None
+    if raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM):]
+    elif raw.startswith(_UTF16_BOMS):
+        raise ConfigError([f"{path}: the file is UTF-16 text (it starts with a UTF-16 byte "
+                           f"order mark); save it as UTF-8"], str(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

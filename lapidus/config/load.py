@@ -18,12 +18,15 @@ DEFAULT_FILES: Tuple[str, ...] = ("lapidus.toml", "lapidus.json")
 
 def load_config(path: Union[str, os.PathLike, None] = None, *,
                 env: Optional[Mapping[str, str]] = None,
-                plugin_validators: Optional[Mapping[str, PluginValidator]] = None) -> Config:
+                plugin_validators: Optional[Mapping[str, PluginValidator]] = None,
+                secrets_optional: bool = False) -> Config:
     """Read and validate a configuration file.
 
     ``path`` None means ``./lapidus.toml``, else ``./lapidus.json``.  The format follows the
     suffix (``.toml`` / ``.json``; other names are sniffed: ``{`` first means JSON).  ``env``
-    replaces ``os.environ`` for ``${VAR}`` expansion.  Raises :class:`ConfigError`.
+    replaces ``os.environ`` for ``${VAR}`` expansion.  ``secrets_optional``: see
+    :func:`parse_config` (``lapidus -t`` only; never run such a Config).
+    Raises :class:`ConfigError`.
     """
     if path is None:
         found = [Path(name) for name in DEFAULT_FILES if Path(name).is_file()]
@@ -34,17 +37,31 @@ def load_config(path: Union[str, os.PathLike, None] = None, *,
     path = Path(path)
     source = str(path.absolute())
     data = read_file(path)
-    return parse_config(data, source=source, env=env, plugin_validators=plugin_validators)
+    return parse_config(data, source=source, env=env, plugin_validators=plugin_validators,
+                        secrets_optional=secrets_optional)
 
 
-def control_socket_for(path: Union[str, os.PathLike, None] = None) -> Path:
-    """The control socket of the configuration at ``path``, judged by its top-level settings
-    only: an operator must reach a running lapidus even after editing a backend into an
-    invalid state (the running one keeps its old configuration)."""
+def control_socket_for(path: Union[str, os.PathLike, None] = None, *,
+                       env: Optional[Mapping[str, str]] = None) -> Path:
+    """The control socket of the configuration at ``path``, for ``lapidusctl``.
+
+    Judged by ``state_dir`` and ``[control]`` only: an operator must reach a running lapidus
+    even after editing a backend into an invalid state (the running one keeps its old
+    configuration), and from a shell that lacks the secrets the service's EnvironmentFile
+    provides: variables used by backends and plugins are never expanded here.  A variable
+    that ``state_dir`` or ``control.socket`` itself uses is needed; the error says so.
+    Raises :class:`ConfigError`.
+    """
     if path is None:
         found = [Path(name) for name in DEFAULT_FILES if Path(name).is_file()]
         path = found[0] if found else Path(DEFAULT_FILES[0])
+    source = str(Path(path).absolute())
     data = read_file(Path(path))
     minimal = {key: data[key] for key in ("state_dir", "control") if key in data}
     minimal["backends"] = [{"type": "postgresql", "database": "placeholder"}]
-    return parse_config(minimal, source=str(Path(path).absolute())).control.socket
+    try:
+        return parse_config(minimal, source=source, env=env).control.socket
+    except ConfigError as exc:
+        raise ConfigError([f"{p}; it is needed to find the control socket (or give the "
+                           f"socket with --socket PATH)" if "environment variable" in p else p
+                           for p in exc.problems], source) from None

@@ -90,6 +90,9 @@ class Config:
     backends: Tuple[BackendConfig, ...]
     plugins: Dict[str, Dict[str, Any]]          # global plugins: name -> options
     supervisor: SupervisorConfig = SupervisorConfig()
+    # Lines to show next to a valid configuration (``lapidus -t``): an unset secret that was
+    # not checked.  Each names its key path, like a problem.
+    warnings: Tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendConfig:
         """The backend called ``name``; KeyError naming the known ones otherwise."""

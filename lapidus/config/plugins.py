@@ -55,7 +55,8 @@ class _PluginReader(_Problems):
                 key = _as_spelled(str(key), spelled)
                 key_path = where if not key else (
                     f"{where}{key}" if key.startswith("[") else f"{where}.{key}")
-                self.problem(key_path, message)
+                origin = self.origin(key_path)
+                self.problem(key_path, f"{message} ({origin})" if origin else message)
         return plugins
 
     def plugin_aliases(self, options: Dict[str, Any],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 
 class _Bad:
@@ -51,9 +51,21 @@ class _Problems:
     raised, so that one run reports every one of them."""
 
     problems: List[str]
+    # key path -> (variables expanded into its value, whether the value was one "${VAR}"
+    # alone); filled by the expander (:mod:`.variables`), read by :meth:`origin`.
+    origins: Dict[str, Tuple[Tuple[str, ...], bool]]
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}" if path else message)
+
+    def origin(self, path: str) -> str:
+        """``from ${PG_PORT}`` when the value at ``path`` came from the environment (the file
+        shows only the reference, so a message must name the variable), else ``""``."""
+        names, whole = getattr(self, "origins", {}).get(path, ((), False))
+        if not names:
+            return ""
+        refs = ", ".join(f"${{{name}}}" for name in names)
+        return f"from {refs}" if whole else f"with {refs} expanded"
 
 
 def _document_order(problems: Sequence[str], data: Mapping[str, Any]) -> List[str]:

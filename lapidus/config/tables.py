@@ -29,14 +29,16 @@ class _TableReader(_Problems):
     def read_table(self, raw: Mapping[str, Any], decls: Sequence[S.Setting], path: str, *,
                    elsewhere: Optional[Mapping[str, Tuple[str, ...]]] = None,
                    kind_label: str = "", tolerate: Sequence[str] = (),
-                   suggest_from: Optional[Sequence[str]] = None) -> _Table:
+                   suggest_from: Optional[Sequence[str]] = None,
+                   ctx: Optional[S.Context] = None) -> _Table:
         """Check ``raw`` against ``decls``: unknown keys, alias clashes, values, required keys.
 
         ``elsewhere`` maps keys that belong to other backend types to those types (for a
         better message); keys in ``tolerate`` are silently ignored (used when the backend
         type is unknown, so only real misspellings are reported); ``suggest_from`` widens
-        the keys a did-you-mean may propose.
+        the keys a did-you-mean may propose; ``ctx`` replaces ``self.ctx`` for the kinds.
         """
+        ctx = ctx or self.ctx
         table = _Table(values={}, written={}, bad=set())
         by_name = {s.name: s for s in decls}
         alias_of = {a: s.name for s in decls for a in s.aliases}
@@ -67,10 +69,9 @@ class _TableReader(_Problems):
                     table.bad.add(s.name)
                     continue
                 try:
-                    table.values[s.name] = s.kind.check(value, self.ctx)
+                    table.values[s.name] = s.kind.check(value, ctx)
                 except S.Invalid as exc:
-                    self.problem(_join(path, table.written[s.name]),
-                                 exc.render(value, secret=s.secret))
+                    self.rejected(_join(path, table.written[s.name]), value, exc, s.secret)
                     table.values[s.name] = None
                     table.bad.add(s.name)
             elif s.required:
@@ -81,6 +82,16 @@ class _TableReader(_Problems):
                 default = s.default
                 table.values[s.name] = None if isinstance(default, S.Derived) else default
         return table
+
+    def rejected(self, key_path: str, value: Any, exc: S.Invalid, secret: bool) -> None:
+        """Report a value its kind refused: each bad element of a list under its own index."""
+        if exc.items:
+            for index, item in exc.items:
+                where = f"{key_path}[{index}]"
+                self.problem(where, item.render(value[index], secret=secret,
+                                                origin=self.origin(where)))
+        else:
+            self.problem(key_path, exc.render(value, secret=secret, origin=self.origin(key_path)))
 
     @staticmethod
     def missing(setting: S.Setting, kind_label: str) -> str:

@@ -27,22 +27,29 @@ from .variables import _Expander
 
 def parse_config(data: Mapping[str, Any], *, source: str = "<memory>",
                  env: Optional[Mapping[str, str]] = None,
-                 plugin_validators: Optional[Mapping[str, PluginValidator]] = None) -> Config:
+                 plugin_validators: Optional[Mapping[str, PluginValidator]] = None,
+                 secrets_optional: bool = False) -> Config:
     """Validate an already parsed configuration (what the file holds) and build a Config.
 
     ``source`` is the file path: relative paths are resolved against its directory (a label
     like ``"<memory>"`` resolves them against the current directory).  ``plugin_validators``
     checks each plugin's options; when given, plugin names it does not list are errors.
     Raises :class:`ConfigError` with every problem found.
+
+    ``secrets_optional`` is for a caller that never connects (``lapidus -t``): an unset
+    ``${VAR}`` used only in a secret becomes a line of ``Config.warnings`` instead of a
+    problem, and that secret is None (or, inside a URL, empty).  Such a Config must not be
+    run.
     """
-    return _Validator(source, env, plugin_validators).run(data)
+    return _Validator(source, env, plugin_validators, secrets_optional).run(data)
 
 
 class _Validator(_BackendReader, _Expander):
     """Walks one configuration, collecting problems instead of stopping at the first."""
 
     def __init__(self, source: str, env: Optional[Mapping[str, str]],
-                 plugin_validators: Optional[Mapping[str, PluginValidator]]):
+                 plugin_validators: Optional[Mapping[str, PluginValidator]],
+                 secrets_optional: bool = False):
         # The package's function, looked up at each call: tests play root (or not) by
         # patching lapidus.config._running_as_root.
         from . import _running_as_root
@@ -50,7 +57,10 @@ class _Validator(_BackendReader, _Expander):
         self.source = source
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.plugin_validators = plugin_validators
+        self.secrets_optional = secrets_optional
         self.problems: List[str] = []
+        self.warnings: List[str] = []
+        self.origins = {}
         self.ctx = S.Context(env=self.env, is_root=_running_as_root(),
                              base_dir=Path(source).expanduser().parent.absolute())
 
@@ -89,6 +99,7 @@ class _Validator(_BackendReader, _Expander):
             backends=backends,
             plugins=plugins,
             supervisor=SupervisorConfig(**supervisor.values),
+            warnings=tuple(_scrub(w, secrets) for w in _document_order(self.warnings, data)),
         )
 
     def check_socket(self, control: _Table) -> None:

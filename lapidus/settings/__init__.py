@@ -34,7 +34,7 @@ from .context import Context, resolve_path
 from .docs import DOC_BEGIN, DOC_END, render_markdown, update_doc
 from .kinds import (
     BackendList, BackendType, Bool, ByteSize, Choice, Globs, Int, Invalid, Kind, Listen,
-    MongoUri, PathKind, Pattern, Plugins, Seconds, Str, Table, split_listen,
+    MongoUri, PathKind, Pattern, Plugins, Seconds, Str, Table, glob_problem, split_listen,
 )
 from .messages import describe, suggest
 from .names import (
@@ -53,6 +53,6 @@ __all__ = [
     "Pattern", "Plugins", "SECTIONS", "SERVER_ID_MAX", "SERVER_ID_MIN", "SLOT_RE", "SQL",
     "SUPERVISOR", "Seconds", "Setting", "Str", "TOP_LEVEL", "Table", "UNSET",
     "all_backend_keys", "backend_keys_elsewhere", "backend_settings", "derived_server_id",
-    "describe", "is_secret_key", "pg_identifier", "render_markdown", "resolve_path",
+    "describe", "glob_problem", "is_secret_key", "pg_identifier", "render_markdown", "resolve_path",
     "split_listen", "suggest", "update_doc",
 ]

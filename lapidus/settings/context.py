@@ -17,6 +17,7 @@ class Context:
     is_root: bool
     base_dir: Path                  # relative paths are resolved against the file's directory
     state_dir: Optional[Path] = None
+    backend_type: Optional[str] = None   # while a backend's table is checked
 
 
 def resolve_path(text: str, ctx: Context) -> Path:

@@ -5,6 +5,7 @@ A kind's ``doc`` is the type column of the generated documentation.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Any, Optional, Tuple
@@ -22,14 +23,22 @@ class Invalid(ValueError):
     point (a cross-check).  ``hint`` is appended, e.g. a did-you-mean.
     """
 
-    def __init__(self, expected: str = "", *, message: str = "", hint: str = ""):
-        super().__init__(message or expected)
+    def __init__(self, expected: str = "", *, message: str = "", hint: str = "",
+                 items: Tuple[Tuple[int, "Invalid"], ...] = ()):
+        super().__init__(message or expected or "; ".join(str(e) for _, e in items))
         self.expected = expected
         self.message = message
         self.hint = hint
+        # A list whose shape is right but some elements are not: ``(index, Invalid)`` for
+        # each, so that each is reported under its own key path (``include_tables[2]``).
+        self.items = items
 
-    def render(self, value: Any, *, secret: bool = False) -> str:
+    def render(self, value: Any, *, secret: bool = False, origin: str = "") -> str:
+        """The sentence; ``origin`` (e.g. ``"from ${PG_PORT}"``) says where the value came
+        from when the file does not show it."""
         text = self.message or f"expected {self.expected}, got {describe(value, secret=secret)}"
+        if origin:
+            text += f" ({origin})"
         return f"{text} ({self.hint})" if self.hint else text
 
 
@@ -153,12 +162,63 @@ class PathKind(Kind):
 
 
 class Globs(Kind):
+    """A list of ``fnmatch`` table patterns.  Each element is judged on its own, so that a
+    problem names the element and its index; :func:`glob_problem` says what is wrong with
+    one."""
+
     doc = "list of globs"
 
     def check(self, value: Any, ctx: Context) -> Tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        if not isinstance(value, list):
             raise Invalid('a list of table patterns such as ["sessions", "audit_*"]')
+        # PostgreSQL and MySQL patterns are "table" or "schema.table"; MongoDB collection
+        # names may contain dots ("db.system.profile"), so more dots are fine there.
+        one_dot = ctx is not None and ctx.backend_type in ("postgresql", "mysql")
+        bad = tuple((i, problem) for i, problem in
+                    ((i, glob_problem(p, one_dot=one_dot)) for i, p in enumerate(value))
+                    if problem)
+        if bad:
+            raise Invalid(items=bad)
         return tuple(value)
+
+
+def glob_problem(pattern: Any, *, one_dot: bool = False) -> Optional[Invalid]:
+    """What is wrong with one table pattern, or None.  fnmatch itself accepts anything (an
+    unclosed ``[`` is a literal), so a typo would silently match no table.  ``one_dot``: a
+    second dot is one too (``a.b.c`` for PostgreSQL or MySQL)."""
+    if not isinstance(pattern, str):
+        return Invalid('a table pattern (a string such as "audit_*")')
+    if not pattern:
+        return Invalid(message="an empty pattern matches no table; remove it")
+    if _unclosed_class(pattern):
+        return Invalid(message=f'{describe(pattern)}: "[" starts a character class that is '
+                               f'never closed by "]"; write "[[]" for a literal "["')
+    dots = pattern.count(".")
+    if one_dot and dots > 1:
+        return Invalid(message=f'{describe(pattern)} has {dots} dots; a pattern is "table" or '
+                               f'"schema.table" (for a table whose name contains a dot, write '
+                               f'"?" in place of that dot)')
+    return None
+
+
+def _unclosed_class(pattern: str) -> bool:
+    # Follows fnmatch.translate's scan: "[!" and a "]" right after the opening bracket belong
+    # to the class, so "[]]" and "[!]]" are closed classes.
+    i, n = 0, len(pattern)
+    while i < n:
+        char, i = pattern[i], i + 1
+        if char == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                return True
+            i = j + 1
+    return False
 
 
 _SIZE_RE = re.compile(r"\s*(\d+)\s*(|b|kb|mb|gb|tb|kib|mib|gib|tib)\s*", re.IGNORECASE)
@@ -185,6 +245,9 @@ class ByteSize(Kind):
 
 
 class Listen(Kind):
+    """``host:port`` to listen on, an IPv6 address in brackets (``[::1]:9187``).  Whether it
+    can be bound is :mod:`lapidus.config.preflight`'s question."""
+
     doc = '"host:port"'
 
     def check(self, value: Any, ctx: Context) -> str:
@@ -192,7 +255,34 @@ class Listen(Kind):
             parts = split_listen(value)
             if parts is not None:
                 return value
-        raise Invalid('"host:port" such as "127.0.0.1:9187" (port 0 picks a free port)')
+        raise Invalid('"host:port" such as "127.0.0.1:9187" (port 0 picks a free port)',
+                      hint=_listen_hint(value))
+
+
+def _listen_hint(value: Any) -> str:
+    """What exactly is wrong with a refused listen address, when it can be told."""
+    if not isinstance(value, str) or ":" not in value:
+        return ""
+    host, port = value.strip().rsplit(":", 1)
+    if port.isdigit() and int(port) > 65535:
+        return "a port is 0 to 65535"
+    if not host:
+        return "give a host: 127.0.0.1 for this machine only, 0.0.0.0 for every interface"
+    if host.startswith("["):
+        inner = host.strip("[]")
+        if not _is_ipv6(inner):
+            return f"{describe(inner)} is not an IPv6 address"
+    elif ":" in host and _is_ipv6(host):
+        return f"an IPv6 address goes in brackets: \"[{host}]:{port}\""
+    return ""
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class Pattern(Kind):
@@ -252,7 +342,10 @@ def split_listen(text: str) -> Optional[Tuple[str, int]]:
     match = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})\s*", text)
     if not match or int(match.group(2)) > 65535:
         return None
-    return match.group(1).strip("[]"), int(match.group(2))
+    host = match.group(1)
+    if host.startswith("[") and not _is_ipv6(host[1:-1]):
+        return None
+    return host.strip("[]"), int(match.group(2))
 
 
 def _as_int(value: Any) -> Optional[int]:

@@ -934,3 +934,236 @@ def test_documentation_is_generated_from_the_declarations():
 ])
 def test_secret_key_detection(key, secret):
     assert S.is_secret_key(key) is secret
+
+
+# --------------------------------------------------------------------------------------------
+# Encodings
+
+
+@pytest.mark.parametrize("name, body", [
+    ("lapidus.toml", '[[backends]]\ntype = "mysql"\nname = "bom"\n'),
+    ("lapidus.json", '{"backends": [{"type": "mysql", "name": "bom"}]}'),
+    ("lapidus.conf", '{"backends": [{"type": "mysql", "name": "bom"}]}'),   # sniffed as JSON
+])
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert load_config(path, env={}).backends[0].name == "bom"
+
+
+def test_syntax_errors_after_a_byte_order_mark_keep_their_columns(tmp_path):
+    path = tmp_path / "lapidus.toml"
+    path.write_bytes(b"\xef\xbb\xbflevel = \n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}:1:9: invalid TOML: Invalid value"]
+
+
+def test_utf16_text_is_named_as_such(tmp_path):
+    path = tmp_path / "lapidus.toml"
+    path.write_bytes('[[backends]]\ntype = "mysql"\n'.encode("utf-16"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: the file is UTF-16 text (it starts with a UTF-16 "
+                                   f"byte order mark); save it as UTF-8"]
+
+
+# --------------------------------------------------------------------------------------------
+# Table patterns, element by element
+
+
+def test_each_bad_table_pattern_is_reported_with_its_index():
+    msgs = problems(pg(include_tables=["orders", "items[", ""], exclude_tables=["a", 7]))
+    assert msgs == [
+        'backends[0].include_tables[1]: "items[": "[" starts a character class that is never '
+        'closed by "]"; write "[[]" for a literal "["',
+        "backends[0].include_tables[2]: an empty pattern matches no table; remove it",
+        'backends[0].exclude_tables[1]: expected a table pattern (a string such as "audit_*"), '
+        "got 7",
+    ]
+
+
+def test_a_pattern_is_reported_as_spelt_under_an_alias():
+    assert problems({"type": "mysql", "excludeTables": ["ok", ""]}) == [
+        "backends[0].excludeTables[1]: an empty pattern matches no table; remove it"]
+
+
+@pytest.mark.parametrize("backend", [pg(), {"type": "mysql"}])
+def test_sql_patterns_have_at_most_one_dot(backend):
+    msgs = problems({**backend, "include_tables": ["a.b.c"], "exclude_tables": ["x.y"]})
+    assert msgs == ['backends[0].include_tables[0]: "a.b.c" has 2 dots; a pattern is "table" or '
+                    '"schema.table" (for a table whose name contains a dot, write "?" in place '
+                    'of that dot)']
+
+
+def test_mongo_patterns_may_name_collections_with_dots():
+    (b,) = parse({"type": "mongo", "include_tables": ["shop.system.profile", "db.a.*"]}).backends
+    assert b.include_tables == ("shop.system.profile", "db.a.*")
+
+
+def test_closed_character_classes_are_fine():
+    (b,) = parse(pg(include_tables=["t[0-9]", "[]]x", "[!]]y", "[[]literal"])).backends
+    assert b.include_tables == ("t[0-9]", "[]]x", "[!]]y", "[[]literal")
+
+
+# --------------------------------------------------------------------------------------------
+# Bad values that came from ${VAR}
+
+
+def test_a_bad_value_from_a_variable_names_the_variable():
+    msgs = problems(pg(port="${PG_PORT}", decoder="${DEC}", host="${H}"),
+                    env={"PG_PORT": "abc", "DEC": "wal2jsn", "H": ""})
+    assert msgs == [
+        'backends[0].host: must not be empty (from ${H})',
+        'backends[0].port: expected an integer from 1 to 65535, got "abc" (from ${PG_PORT})',
+        'backends[0].decoder: expected one of auto, pgoutput, wal2json, got "wal2jsn" '
+        '(from ${DEC}) (did you mean "wal2json"?)',
+    ]
+
+
+def test_a_value_partly_from_variables_names_them():
+    assert problems(pg(port="${A}${B}"), env={"A": "54", "B": "x"}) == [
+        'backends[0].port: expected an integer from 1 to 65535, got "54x" '
+        '(with ${A}, ${B} expanded)']
+
+
+def test_a_secret_from_a_variable_is_named_but_not_shown():
+    (msg,) = problems({"type": "mongo", "uri": "${URI}"}, env={"URI": "http://u:pw-Zq9@h"})
+    assert msg == ("backends[0].uri: expected a connection string starting with mongodb:// or "
+                   "mongodb+srv://, got a string (from ${URI})")
+
+
+def test_pattern_and_plugin_problems_name_the_variable():
+    msgs = problems(pg(exclude_tables=["ok", "${T}"]),
+                    plugins={"nats": {"servers": ["${NATS}"]}},
+                    plugin_validators={"nats": lambda o: [("servers[0]", "not a nats:// URL")]},
+                    env={"T": "", "NATS": "http://h"})
+    assert msgs == [
+        "backends[0].exclude_tables[1]: an empty pattern matches no table; remove it "
+        "(from ${T})",
+        "plugins.nats.servers[0]: not a nats:// URL (from ${NATS})",
+    ]
+
+
+def test_values_written_in_the_file_have_no_origin():
+    assert problems(pg(port="abc")) == [
+        'backends[0].port: expected an integer from 1 to 65535, got "abc"']
+
+
+# --------------------------------------------------------------------------------------------
+# [http] listen syntax (whether it can be bound: tests/unit/test_preflight.py)
+
+
+_LISTEN = 'expected "host:port" such as "127.0.0.1:9187" (port 0 picks a free port), got '
+
+
+@pytest.mark.parametrize("listen, hint", [
+    ("::1:9187", ' (an IPv6 address goes in brackets: "[::1]:9187")'),
+    ("[::zz]:9187", ' ("::zz" is not an IPv6 address)'),
+    ("[1.2.3.4]:9187", ' ("1.2.3.4" is not an IPv6 address)'),
+    ("127.0.0.1:70000", " (a port is 0 to 65535)"),
+    (":9187", " (give a host: 127.0.0.1 for this machine only, 0.0.0.0 for every interface)"),
+    ("localhost:http", ""),
+])
+def test_listen_syntax_problems_say_what_is_wrong(listen, hint):
+    assert problems(pg(), http={"listen": listen}) == [
+        f'http.listen: {_LISTEN}"{listen}"{hint}']
+
+
+@pytest.mark.parametrize("listen, host, port", [
+    ("127.0.0.1:0", "127.0.0.1", 0), ("[::]:9187", "::", 9187), ("localhost:65535",
+                                                                  "localhost", 65535),
+    ("[fe80::1]:1", "fe80::1", 1),
+])
+def test_listen_forms_accepted(listen, host, port):
+    cfg = parse(pg(), http={"listen": listen})
+    assert (cfg.http.host, cfg.http.port) == (host, port)
+
+
+# --------------------------------------------------------------------------------------------
+# Unset secrets: lapidus -t and lapidusctl run in shells without the service's secrets
+
+
+def lenient(*backends, env=None, **top):
+    return parse_config({"backends": list(backends), **top}, source="/etc/lapidus/lapidus.toml",
+                        env={} if env is None else env, secrets_optional=True)
+
+
+def test_an_unset_secret_is_a_warning_when_secrets_are_optional():
+    cfg = lenient(pg(password="${SHOP_PG_PASSWORD}"),
+                  {"type": "mongo", "uri": "${MONGO_URI}"},
+                  plugins={"nats": {"token": "${NATS_TOKEN}"},
+                           "exec": {"command": ["cat"], "env": {"PGPASSWORD": "${PGPW}"}}})
+    assert cfg.warnings == tuple(
+        f"{path}: environment variable {name} is not set here; this secret was not checked, "
+        f"and lapidus will refuse to start unless {name} is set where it runs (the service's "
+        f"EnvironmentFile)"
+        for path, name in [("backends[0].password", "SHOP_PG_PASSWORD"),
+                           ("backends[1].uri", "MONGO_URI"), ("plugins.nats.token", "NATS_TOKEN"),
+                           ("plugins.exec.env.PGPASSWORD", "PGPW")])
+    shop, mongo = cfg.backends
+    assert shop.options["password"] is None and mongo.options["uri"] is None
+
+
+def test_the_password_inside_a_url_is_a_secret_too():
+    cfg = lenient({"type": "mongo", "uri": "mongodb://app:${MONGO_PW}@m1/?replicaSet=rs0"},
+                  plugins={"nats": {"servers": ["nats://lap:${NATS_PW}@h:4222"]}})
+    assert [w.split(":")[0] for w in cfg.warnings] == ["backends[0].uri",
+                                                       "plugins.nats.servers[0]"]
+    assert cfg.backends[0].options["uri"] == "mongodb://app:@m1/?replicaSet=rs0"   # still checked
+    assert cfg.plugins["nats"]["servers"] == ["nats://lap:@h:4222"]
+
+
+def test_unset_variables_outside_secrets_stay_problems_when_secrets_are_optional():
+    with pytest.raises(ConfigError) as info:
+        lenient(pg(password="${PW}", port="${PG_PORT}"),
+                {"type": "mongo", "uri": "mongodb://${MONGO_HOST}/"})
+    assert info.value.problems == [
+        "backends[0].port: environment variable PG_PORT is not set",
+        "backends[1].uri: environment variable MONGO_HOST is not set"]
+
+
+def test_without_secrets_optional_an_unset_secret_is_still_a_problem():
+    assert problems(pg(password="${SHOP_PG_PASSWORD}")) == [
+        "backends[0].password: environment variable SHOP_PG_PASSWORD is not set"]
+    assert parse(pg(password="${PW}"), env={"PW": "x"}).warnings == ()
+
+
+def test_load_config_passes_secrets_optional(tmp_path):
+    path = write(tmp_path, "lapidus.toml",
+                 '[[backends]]\ntype = "postgresql"\ndatabase = "d"\npassword = "${PW}"\n')
+    assert len(load_config(path, env={}, secrets_optional=True).warnings) == 1
+    with pytest.raises(ConfigError):
+        load_config(path, env={})
+
+
+def test_control_socket_needs_no_backend_or_plugin_variable(tmp_path):
+    path = write(tmp_path, "lapidus.toml", f'''
+state_dir = "{tmp_path}/state"
+[[backends]]
+type = "postgresql"
+database = "${{DB}}"
+password = "${{SHOP_PG_PASSWORD}}"
+port = "${{PG_PORT}}"
+[plugins.nats]
+token = "${{NATS_TOKEN}}"
+''')
+    assert config_module.control_socket_for(path, env={}) == tmp_path / "state" / "lapidus.sock"
+
+
+def test_control_socket_says_when_it_needs_a_variable(tmp_path):
+    path = write(tmp_path, "lapidus.toml", 'state_dir = "/var/lib/lapidus/${TENANT}"\n'
+                                           '[[backends]]\ntype = "mysql"\n')
+    with pytest.raises(ConfigError) as info:
+        config_module.control_socket_for(path, env={})
+    assert info.value.problems == [
+        "state_dir: environment variable TENANT is not set; it is needed to find the control "
+        "socket (or give the socket with --socket PATH)"]
+    assert config_module.control_socket_for(path, env={"TENANT": "t1"}) == Path(
+        "/var/lib/lapidus/t1/lapidus.sock")
+
+
+def test_every_bad_pattern_of_a_list_is_reported_together():
+    assert [m.split(":")[0] for m in problems(pg(include_tables=["items[", "a.b.c", ""]))] == [
+        "backends[0].include_tables[0]", "backends[0].include_tables[1]",
+        "backends[0].include_tables[2]"]
