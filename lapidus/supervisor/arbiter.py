@@ -155,10 +155,8 @@ class Arbiter:
             try:
                 self.http.open()
             except OSError as exc:
-                raise StartFailed(
-                    f"http.listen = {self.config.http.listen!r}: cannot listen there: "
-                    f"{exc.strerror or exc}; choose a free port (or stop what uses it: "
-                    f"ss -ltnp 'sport = :{self.config.http.port}')") from None
+                from ..config import bind_problem
+                raise StartFailed(bind_problem(self.config.http.listen, exc)) from None
         try:
             self.control.open()
         except SocketInUse as exc:
@@ -467,6 +465,12 @@ class Arbiter:
         except ConfigError as exc:
             self.log.error("reload refused: the configuration is invalid; still running the old",
                            problems=exc.problems)
+            return
+        from ..config import state_dir_problems
+        problems = state_dir_problems(new)
+        if problems:
+            self.log.error("reload refused: a state directory is not usable; still running the "
+                           "old configuration", problems=problems)
             return
         if "stdout" in self.config.plugins and "stdout" not in new.plugins:
             new = new.with_plugin("stdout")   # --stdout was given on the command line
