@@ -140,7 +140,7 @@ class Pipeline:
         """Send ``records`` to one sink until it confirms them all: failures are retried
         with backoff (same records, same order); an event the sink refuses for good is held
         or moved to the dead letters (``on_undeliverable``)."""
-        retry, hold = Backoff(0.2, RETRY_MAX), Backoff(1.0, HOLD_RETRY_MAX)
+        retry, hold = Backoff(0.2, RETRY_MAX), Backoff(min(1.0, HOLD_RETRY_MAX), HOLD_RETRY_MAX)
         while True:
             try:
                 await sink.send(records)

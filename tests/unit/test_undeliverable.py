@@ -1,0 +1,142 @@
+"""Unit tests: an event a sink refuses for good is held (on_undeliverable = "hold") or moved to
+the dead letters ("dead_letter") and the stream goes on; dead letters keep the event's exact
+bytes and are sent again by a resend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from lapidus import deadletters
+from lapidus.events import Record
+from lapidus.sinks.base import UndeliverableError
+from lapidus.supervisor import dispatcher as dispatcher_module
+from lapidus.supervisor.dispatcher import Pipeline
+from lapidus.transport import ACK, unpack_from
+
+
+def record(n: int, size: int = 10) -> Record:
+    data = b'{"id":"b:%d","event":"x","item":{"v":"%s"}}' % (n, b"y" * size)
+    return Record(f"b:{n}", "insert", "public", "t", (str(n),), f"0/{n}", data)
+
+
+class RefusingSink:
+    """Refuses, for good, every record larger than ``limit`` bytes (as NATS does above its
+    max_payload); ``allow`` lifts the limit (the operator raised it)."""
+
+    shared = False
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.delivered = []
+        self.attempts = 0
+
+    async def send(self, records):
+        self.attempts += 1
+        for index, rec in enumerate(records):
+            if len(rec.data) > self.limit:
+                raise UndeliverableError(index, f"{len(rec.data)} bytes is over the limit",
+                                         "raise max_payload")
+        self.delivered.extend(rec.id for rec in records)
+
+
+class Writer:
+    def __init__(self):
+        self.data = bytearray()
+
+    def write(self, data):
+        self.data += data
+
+    def is_closing(self):
+        return False
+
+    def acks(self):
+        frames, _ = unpack_from(self.data)
+        return [payload for kind, payload in frames if kind == ACK]
+
+
+async def run_until(predicate, pipeline, timeout=5.0):
+    task = asyncio.create_task(pipeline.run())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+    task.cancel()
+
+
+def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_path):
+    path = tmp_path / "b" / deadletters.FILE
+
+    async def main():
+        sink, writer = RefusingSink(limit=100), Writer()
+        pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
+                            on_undeliverable="dead_letter", dead_letters=path)
+        generation = pipeline.attach(writer)
+        batch = [record(1), record(2, size=500), record(3)]
+        pipeline.queue.put_nowait((generation, 1, batch))
+        await run_until(lambda: writer.acks() == [1], pipeline)
+        return sink, pipeline
+
+    sink, pipeline = asyncio.run(asyncio.wait_for(main(), 10))
+    assert sink.delivered == ["b:1", "b:3"]
+    assert pipeline.dead_letter_count == 1
+    (head, again), = list(deadletters.read(path))
+    assert head["id"] == "b:2" and head["sink"] == "nats" and head["size"] == len(record(2, size=500).data)
+    assert head["fix"] == "raise max_payload"
+    assert again == record(2, size=500)      # the exact bytes, to be sent again
+
+
+def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(dispatcher_module, "HOLD_RETRY_MAX", 0.05)
+
+    async def main():
+        sink, writer = RefusingSink(limit=100), Writer()
+        pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
+                            dead_letters=tmp_path / "b" / deadletters.FILE)
+        pipeline.queue.put_nowait((pipeline.attach(writer), 1, [record(1), record(2, 500)]))
+        task = asyncio.create_task(pipeline.run())
+        while sink.attempts < 3:
+            await asyncio.sleep(0.01)
+        held = dict(pipeline.held)
+        assert writer.acks() == []            # nothing confirmed: the position stays
+        sink.limit = 10_000                   # the operator fixed the cause
+        while writer.acks() != [1]:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return held, pipeline
+
+    held, pipeline = asyncio.run(asyncio.wait_for(main(), 10))
+    assert held["nats"]["id"] == "b:2" and held["nats"]["table"] == "public.t"
+    assert held["nats"]["size"] == len(record(2, 500).data) and held["nats"]["fix"] == "raise max_payload"
+    assert pipeline.held == {}
+    assert not (tmp_path / "b" / deadletters.FILE).exists()   # nothing skipped
+
+
+def test_a_resend_delivers_the_dead_letters_again_and_removes_the_file(tmp_path):
+    path = tmp_path / "b" / deadletters.FILE
+    for n in (7, 8):
+        deadletters.append(path, record(n), backend="b", sink="nats", error="e", fix="f")
+    path.rename(path.with_name(deadletters.RESEND_FILE))
+
+    async def main():
+        sink, writer = RefusingSink(limit=10_000), Writer()
+        pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
+                            on_undeliverable="dead_letter", dead_letters=path)
+        pipeline.attach(writer)
+        pipeline.request_resend()
+        pipeline.request_resend()            # asked twice: sent once
+        await run_until(lambda: not path.with_name(deadletters.RESEND_FILE).exists(), pipeline)
+        return sink
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)).delivered == ["b:7", "b:8"]
+    assert deadletters.count(path) == 0
+
+
+def test_a_line_cut_off_by_a_crash_is_skipped(tmp_path):
+    path = tmp_path / deadletters.FILE
+    deadletters.append(path, record(1), backend="b", sink="nats", error="e", fix="")
+    with open(path, "ab") as fh:
+        fh.write(b'{"at": "2026", "id": "b:2", "ev')
+    assert [head["id"] for head in deadletters.entries(path)] == ["b:1"]
