@@ -35,6 +35,9 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("batch_size", Int(1), "Most events shipped from the worker in one batch.", 1000),
     Setting("max_inflight_batches", Int(1), "Batches sent but not yet confirmed by the "
             "sinks before the worker stops reading (backpressure).", 8),
+    Setting("reconnect_max_delay", Seconds(), "Longest wait between two attempts at reaching "
+            "an unreachable database; the worker retries for ever (state WAITING, never counted "
+            "as a crash), waits doubling from 0.5 s up to this.", 30.0),
 )
 
 _PORT = Int(1, 65535)
@@ -106,8 +109,9 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             Derived("a stable number in 1000..4294967295 derived from the backend name",
                     lambda v, c: derived_server_id(v["name"])), types=MY,
             aliases=("serverId",)),
-    Setting("connect_retry_seconds", Seconds(zero=True), "Total time to keep retrying the "
-            "first connection at start-up.", 60.0, types=MY),
+    Setting("connect_retry_seconds", Seconds(zero=True), "No longer used (accepted so older "
+            "files load): an unreachable server is retried for ever, see "
+            "`reconnect_max_delay`.", types=MY),
     Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server, so a dead "
             "connection is noticed.", 5.0, types=MY),
     Setting("allow_partial_row_image", Bool(), "Accept `binlog_row_image` other than FULL "

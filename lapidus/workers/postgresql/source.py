@@ -12,15 +12,20 @@ Runs in the PostgreSQL worker process, after fork.  The delivery invariant for t
 from __future__ import annotations
 
 import collections
+import datetime
 import time
 from pathlib import Path
 from typing import Any, Deque, List, Optional, Tuple
 
+import psycopg2
+
+from ...events import Event
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
-                     retained_wal)
+                     retained_wal, slot_info)
+from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
@@ -29,11 +34,7 @@ from .recvlogical import RecvLogical, find_pg_recvlogical
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 
-RESPAWN_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 SLOT_CHECK_EVERY = 10.0
-# pg_recvlogical deaths that restarting cannot cure
-FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentication failed",
-                      "could not access file", "does not exist")
 
 
 def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict, *,
@@ -74,9 +75,8 @@ class PostgresSource(Source):
         # decoded messages not yet fed, each with its size in the spool
         self.decoded: Deque[Tuple[Any, int]] = collections.deque()
         self.assembler: Optional[TransactionAssembler] = None
-        self.deaths = 0
-        self.next_spawn = 0.0
         self.paused_for_cap = False
+        self._gap: Optional[Batch] = None
         self._last_cap_check = 0.0
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
@@ -84,7 +84,25 @@ class PostgresSource(Source):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def target(self) -> str:
+        return f'{self.options.get("host", "127.0.0.1")}:{self.options.get("port", 5432)}'
+
     def open(self, checkpoint: Optional[Any]) -> None:
+        """Connect, check, set up publication and slot, start pg_recvlogical.
+
+        A query that fails on the way is classified (:mod:`.errors`): a lost or refused
+        connection is transient, a missing privilege fatal.
+        """
+        self.decoded.clear()
+        self.paused_for_cap = False
+        self._gap = None
+        try:
+            self._open(checkpoint)
+        except psycopg2.Error as exc:
+            raise query_error(exc, self.options, self.backend.name,
+                              "checking the server and the slot") from None
+
+    def _open(self, checkpoint: Optional[Any]) -> None:
         name = self.backend.name
         app = f"lapidus_{name}"
         self.catalog = Catalog(connect(self.options, name, app))
@@ -107,10 +125,15 @@ class PostgresSource(Source):
             if publication_created:
                 self.log.info("publication created", publication=publication,
                               mode=self.options.get("publication_mode") or "all_tables")
+        recreate = (self.options.get("temporary_slot") and checkpoint is not None
+                    and slot_info(conn, self.slot) is None)
         created = ensure_slot(
             conn, backend=name, slot=self.slot, plugin=decoder_name,
-            database=self.options["database"], has_checkpoint=checkpoint is not None,
+            database=self.options["database"],
+            has_checkpoint=checkpoint is not None and not recreate,
             checkpoint_path=checkpoint_path)
+        if recreate:
+            self._gap = self._gap_batch(checkpoint)
         if created:
             self.log.info("replication slot created", slot=self.slot, plugin=decoder_name)
         elif publication_created:
@@ -143,7 +166,15 @@ class PostgresSource(Source):
         self._repair_tail()
         self._spawn()
 
+    def suspend(self) -> None:
+        """Before a reconnect: let go of the server but keep a temporary slot (it still
+        holds the position the reconnect resumes from)."""
+        self._release(drop_temporary=False)
+
     def close(self) -> None:
+        self._release(drop_temporary=True)
+
+    def _release(self, *, drop_temporary: bool) -> None:
         if self.child:
             self.child.stop()
             self.child = None
@@ -152,7 +183,7 @@ class PostgresSource(Source):
         if self.watch:
             self.watch.close()
         if self.catalog:
-            if self.options.get("temporary_slot"):
+            if drop_temporary and self.options.get("temporary_slot"):
                 self._drop_temporary_objects()
             self.catalog.close()
             self.catalog = None
@@ -170,9 +201,42 @@ class PostgresSource(Source):
             self.log.warning("could not drop the temporary slot", slot=self.slot,
                              error=str(exc))
 
+    def _gap_batch(self, checkpoint: dict) -> Batch:
+        """``temporary_slot``: the slot went with the last stop; a new one starts from now.
+
+        What was committed while no slot existed is not streamed: one ``gap`` event says so
+        (docs/postgresql.md), and the spool still delivers what it held.
+        """
+        last = checkpoint.get("last_lsn") or 0
+        from .decoding import format_lsn
+        position = format_lsn(last) if isinstance(last, int) else str(last)
+        self.log.warning("temporary replication slot created again; changes made while none "
+                         "existed are not streamed (a gap event says so)", slot=self.slot,
+                         lost_after=position)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        gap = Event(
+            id=f"{self.backend.name}:{position}:gap", type="gap", backend=self.backend.name,
+            schema=None, table=None, pk=None,
+            item={"reason": "temporary_slot", "lost_after": position,
+                  "message": f'the temporary slot "{self.slot}" was dropped at the last stop '
+                             f"and created again; changes committed in between are missing"},
+            before=None, position=position, txid=None,
+            ts=now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z")
+        return Batch([gap], checkpoint)
+
     # -- reading --------------------------------------------------------------------------
 
     def read(self, max_events: int, timeout: float) -> Batch:
+        if self._gap is not None:
+            gap, self._gap = self._gap, None
+            return gap
+        try:
+            return self._read(max_events, timeout)
+        except psycopg2.Error as exc:     # a catalog look-up by the decoder
+            raise query_error(exc, self.options, self.backend.name,
+                              "looking up a table or type") from None
+
+    def _read(self, max_events: int, timeout: float) -> Batch:
         deadline = time.monotonic() + timeout
         events: List = []
         while True:
@@ -269,7 +333,12 @@ class PostgresSource(Source):
         self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
 
     def _supervise_child(self) -> None:
-        """Respawn a dead pg_recvlogical; rotate the spool; pause at the spool cap."""
+        """Notice a dead pg_recvlogical; rotate the spool; pause at the spool cap.
+
+        A death is raised, classified (:func:`.errors.child_error`): the worker loop waits
+        out a transient one and opens the source again, which respawns the child after
+        cutting a half-written tail (no retry loop of its own here).
+        """
         now = time.monotonic()
         if now - self._last_cap_check >= 1.0:
             self._last_cap_check = now
@@ -277,33 +346,24 @@ class PostgresSource(Source):
         code = self.child.exit_code()
         if code is None and self.child.proc is not None:
             return
-        if self.paused_for_cap or now < self.next_spawn:
+        if self.paused_for_cap:
             return
         if self.child.proc is not None:
             self._child_died(code)
             return
-        self._repair_tail()
+        self._repair_tail()          # resuming after a pause for the spool cap
         self._spawn()
 
     def _child_died(self, code: int) -> None:
         errors = self.child.recent_errors()
-        last = errors.splitlines()[-1] if errors else ""
         self.child.proc = None
         explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot)
         if explained:
             raise BackendError(explained, fatal=True)
-        for marker in FATAL_CHILD_ERRORS:
-            if marker in errors:
-                reason = next((line for line in reversed(errors.splitlines())
-                               if marker in line), last)
-                raise BackendError(
-                    f'backend "{self.backend.name}": pg_recvlogical failed: {reason.strip()}',
-                    fatal=True)
-        delay = RESPAWN_BACKOFF[min(self.deaths, len(RESPAWN_BACKOFF) - 1)]
-        self.deaths += 1
-        self.next_spawn = time.monotonic() + delay
-        self.log.warning("pg_recvlogical exited; restarting", exit_code=code, error=last,
-                         restart_in=delay)
+        error = child_error(errors, self.options, self.backend.name)
+        self.log.warning("pg_recvlogical exited", exit_code=code, error=str(error),
+                         fatal=error.fatal)
+        raise error
 
     def _repair_tail(self) -> None:
         """Cut a frame that a dying pg_recvlogical left half-written in the newest segment."""
@@ -345,8 +405,6 @@ class PostgresSource(Source):
             self.spool.rotate(create=paused)
             if running:
                 self.child.reopen_output()
-        if self.child.running():
-            self.deaths = 0 if time.monotonic() - self.next_spawn > 30 else self.deaths
         cap = int(self.options.get("spool_max_bytes", 1 << 30))
         total = self.spool.size_bytes()
         if total >= cap and not self.paused_for_cap:
