@@ -106,7 +106,9 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "otherwise); every database when unset.", types=MY),
     Setting("server_id", Int(SERVER_ID_MIN, SERVER_ID_MAX), "Replica server id; must differ "
             "from the server's and from every other replica's.",
-            Derived("a stable number in 1000..4294967295 derived from the backend name",
+            Derived("a stable number in 1000..4294967295 hashed from this host's "
+                    "`/etc/machine-id` (else its host name) and the backend name, so readers "
+                    "on different hosts never share one",
                     lambda v, c: derived_server_id(v["name"])), types=MY,
             aliases=("serverId",)),
     Setting("connect_retry_seconds", Seconds(zero=True), "No longer used (accepted so older "

@@ -600,8 +600,12 @@ def test_mysql_defaults_and_derived_server_id():
     assert a.options["server_id"] != b.options["server_id"]
     # stable across runs: a fixed value, not a salted hash()
     assert S.derived_server_id("crm") == S.derived_server_id("crm")
-    assert S.derived_server_id("crm") == 1000 + int.from_bytes(
-        __import__("hashlib").sha256(b"crm").digest()[:8], "big") % (4294967295 - 999)
+    assert S.derived_server_id("crm", "host-a") == 1000 + int.from_bytes(
+        __import__("hashlib").sha256(b"host-a\0crm").digest()[:8], "big") % (4294967295 - 999)
+    # the same backend name on two hosts: two ids (a server drops a reader whose id another
+    # reader connects with)
+    assert S.derived_server_id("crm", "host-a") != S.derived_server_id("crm", "host-b")
+    assert S.derived_server_id("crm") == S.derived_server_id("crm", __import__("lapidus.settings.names", fromlist=["x"]).host_identity())
 
 
 def test_mongo_defaults_with_and_without_uri():
