@@ -32,6 +32,7 @@ from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 STATUS_EVERY = 1.0
+DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 
 
 def make_source(backend, state_dir: Path, log) -> Source:
@@ -74,6 +75,8 @@ class WorkerLoop:
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
         self.gate = StopGate()
+        # within the supervisor's stop_timeout, so a clean stop is never a SIGKILL
+        self.drain_timeout = DRAIN_SECONDS
         options = backend.options
         self.batch_size = int(options.get("batch_size", 1000))
         self.max_inflight = int(options.get("max_inflight_batches", 8))
@@ -247,9 +250,9 @@ class WorkerLoop:
         self.saved, self.last_save = self.confirmed, now
         source.commit(self.confirmed)
 
-    def _drain(self, link: DispatcherLink, timeout: float = 7.0) -> None:
-        """Wait (bounded) for the sinks to confirm what was already sent."""
-        deadline = time.monotonic() + timeout
+    def _drain(self, link: DispatcherLink) -> None:
+        """Wait (bounded by ``drain_timeout``) for the sinks to confirm what was sent."""
+        deadline = time.monotonic() + self.drain_timeout
         while self.inflight and time.monotonic() < deadline:
             self._take_acks(link, 0.1)
             self._settle_unsent()
