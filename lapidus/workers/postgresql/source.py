@@ -29,7 +29,7 @@ from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
-                           explain_child_error)
+                           explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
@@ -77,6 +77,7 @@ class PostgresSource(Source):
         self.assembler: Optional[TransactionAssembler] = None
         self.paused_for_cap = False
         self._gap: Optional[Batch] = None
+        self._scope_checked = False
         self._last_cap_check = 0.0
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
@@ -111,6 +112,13 @@ class PostgresSource(Source):
         decoder_name = choose_decoder(conn, backend=name, slot=self.slot,
                                       configured=self.options.get("decoder") or "auto")
         check_server(conn, name, decoder_name)
+        if not self._scope_checked:         # once per worker, not at every reconnect
+            self._scope_checked = True
+            for pattern in unmatched_includes(conn, self.backend.include_tables or ()):
+                self.log.warning(f'include_tables pattern "{pattern}" matches no table of '
+                                 f'database "{self.options["database"]}"; its tables are '
+                                 f"streamed once they exist (a filtered publication needs a "
+                                 f"restart), check the spelling", pattern=pattern)
         checkpoint_path = str(Path(self.state_dir) / "checkpoint.json")
         publication = self.options.get("publication") or f"lapidus_{name}".lower()
         publication_created = False
