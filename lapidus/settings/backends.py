@@ -63,8 +63,9 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "Logical replication slot.",
             Derived("`lapidus_<name>`, lowercased, other characters replaced by `_`, "
                     "63 at most", lambda v, c: pg_identifier(v["name"])), types=PG),
-    Setting("temporary_slot", Bool(), "Use a temporary slot (dropped on disconnect: changes "
-            "made while stopped are lost; for demos and tests).", False, types=PG),
+    Setting("temporary_slot", Bool(), "Drop the slot when the backend stops (demos, tests); "
+            "the next start creates a new one and emits a `gap` event: changes made while "
+            "stopped are lost (docs/postgresql.md).", False, types=PG),
     Setting("decoder", Choice("auto", "pgoutput", "wal2json"),
             "Logical decoding output plugin. `auto`: the plugin of an existing slot, else "
             "`pgoutput` when the server allows it (built in, the default), else `wal2json`. "

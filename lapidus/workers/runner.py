@@ -178,10 +178,9 @@ class WorkerLoop:
         reads them again from the confirmed checkpoint, and a late ack of theirs moves
         nothing (acks are cumulative and the new batches have higher numbers).
         """
-        self.waiter.lost()
         self.log.warning("lost the connection to the database; reconnecting from the last "
                          "confirmed position", error=str(error), target=source.target())
-        self.report("waiting", target=source.target(), since=time.time(), error=str(error))
+        self.waiter.lost(error, source.target())
         self._drain(link)
         self._save(force=True, source=source)
         self.inflight.clear()

@@ -89,12 +89,15 @@ class Waiter:
     def waiting(self) -> bool:
         return self.since is not None
 
-    def lost(self) -> None:
-        """The connection broke after it had worked: reset the backoff if it lasted."""
+    def lost(self, error: BackendError, target: str) -> None:
+        """The connection broke after it had worked: the wait begins now (reported at once);
+        the backoff starts over if the connection had lasted."""
         if self.connected_at is not None and \
                 self.clock() - self.connected_at > self.backoff.maximum:
             self.backoff.reset()
         self.connected_at = None
+        self.since = time.time()
+        self._report(target, error)
 
     def connected(self) -> None:
         if self.since is not None:

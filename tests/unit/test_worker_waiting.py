@@ -147,11 +147,12 @@ def test_backoff_starts_over_only_after_a_connection_that_lasted():
     for _ in range(3):
         waiter.wait(error, "db")
     waiter.connected()
-    waiter.lost()                         # dropped at once: still slow
+    waiter.lost(error, "db")              # dropped at once: still slow
     assert waiter.backoff.peek() == 4.0
+    assert waiter.waiting
     waiter.connected()
     clock.now += 60
-    waiter.lost()                         # it had worked for a minute
+    waiter.lost(error, "db")              # it had worked for a minute
     assert waiter.backoff.peek() == 0.5
 
 

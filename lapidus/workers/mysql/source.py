@@ -94,6 +94,7 @@ class MysqlSource(Source):
         self._retention_checked = 0.0
         self._retention_cache: Dict[str, Any] = {}
         self._scope_checked = False
+        self._first_position: Any = None   # the checkpoint of the very first open
         if (getattr(backend, "options", None) or {}).get("connect_retry_seconds") is not None:
             self.log.warning("connect_retry_seconds no longer has an effect: an unreachable "
                              "server is retried for ever (reconnect_max_delay caps the wait); "
@@ -124,7 +125,10 @@ class MysqlSource(Source):
         mariadb = (s.flavor == "mariadb") if s.flavor else facts.mariadb
         self._flavor = MARIADB if mariadb else MYSQL
         gtid_mode = mariadb or (facts.variables.get("gtid_mode", "").upper() == "ON")
-        resume = self._parse_checkpoint(checkpoint)
+        # A reopen before anything was confirmed starts where the first open did, not at a
+        # new end of the binlog: changes made in between would be skipped.
+        resume = self._parse_checkpoint(checkpoint if checkpoint is not None
+                                        else self._first_position)
         if resume is None:
             gtid, file, pos = self._current_end(gtid_mode)
         else:
@@ -138,6 +142,8 @@ class MysqlSource(Source):
                                     log_pos=None if gtid is not None else pos,
                                     scope=self.scope)
         self._await_first_answer()
+        if self._first_position is None:
+            self._first_position = self._changes.checkpoint().to_json()
         self.log.info("mysql stream open", position=self._changes.position,
                       resumed=resume is not None, flavor=self._flavor, server_id=s.server_id)
 
