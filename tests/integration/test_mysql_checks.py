@@ -74,6 +74,33 @@ def test_server_id_used_by_another_replica_is_fatal(sql, open_source):
     first.close()
 
 
+def test_a_newcomer_with_our_server_id_makes_the_first_reader_fatal_naming_the_id(
+        sql, open_source, monkeypatch):
+    """Without REPLICATION MASTER ADMIN the newcomer cannot see the first reader and connects;
+    the server then drops the first one, which must not reconnect (and knock the newcomer
+    off in turn) but fail, naming the id."""
+    from lapidus.workers.mysql import checks
+
+    shared = next_server_id()
+    first = open_source(name="first", server_id=shared)
+    first.read(10, 0.05)
+    visible = checks.read_facts
+
+    def blind(conn):
+        facts = visible(conn)
+        facts.replicas, facts.replicas_visible = [], False
+        return facts
+
+    monkeypatch.setattr(checks, "read_facts", blind)
+    open_source(name="second", server_id=shared)
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    with pytest.raises(BackendError) as failure:
+        for _ in range(50):
+            first.read(10, 0.1)
+    assert failure.value.fatal, failure.value
+    assert f"same server_id {shared}" in str(failure.value)
+
+
 def test_reopening_with_our_own_server_id_is_not_a_clash(sql, open_source):
     shared = next_server_id()
     first = open_source(name="again", server_id=shared)

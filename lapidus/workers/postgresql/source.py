@@ -165,9 +165,13 @@ class PostgresSource(Source):
             offset = checkpoint["offset"]
         self.reader = SpoolReader(self.spool, start_segment, offset)
         self.assembler = TransactionAssembler(name, checkpoint)
+        try:
+            binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
+        except FileNotFoundError as exc:
+            raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
         self.watch = DirectoryWatch(str(self.spool.directory))
         self.child = RecvLogical(
-            binary=find_pg_recvlogical(self.options.get("pg_recvlogical")), options=self.options,
+            binary=binary, options=self.options,
             slot=self.slot, output=self.spool.active_link,
             plugin_options=self.decoder.plugin_options(),
             log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
@@ -188,8 +192,10 @@ class PostgresSource(Source):
             self.child = None
         if self.reader:
             self.reader.close()
+            self.reader = None
         if self.watch:
             self.watch.close()
+            self.watch = None
         if self.catalog:
             if drop_temporary and self.options.get("temporary_slot"):
                 self._drop_temporary_objects()
