@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 import json
+import threading
 
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import backend_status, pg_backend
+from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.outage_proxy import mysql_proxy, pg_proxy  # noqa: F401 (fixtures)
 
 pytest_plugins = ["tests.integration.mysql_fixtures"]
@@ -168,3 +169,79 @@ def test_mongodb_outage_is_waited_out(lapidus_factory, tmp_path):
     finally:
         for server in servers:
             stop_secantus(server)
+
+
+LOAD_ROWS = 6000
+
+
+def outage_under_load(proc, name: str, load, proxy):
+    """Rows inserted without pause by ``load`` (ids 0..LOAD_ROWS-1); the proxy goes down
+    after 1,500 have arrived, comes back after some seconds of WAITING; every row arrives,
+    exactly once, first sightings in commit order, no restart counted."""
+    path = proc.config_path
+    wait_until(lambda: backend_status(path, name).get("state") == "RUNNING", 60,
+               message="RUNNING")
+    writer = threading.Thread(target=load, daemon=True)
+    writer.start()
+
+    def arrived():
+        return collections.Counter(e["pk"]["id"] for e in proc.events()
+                                   if e["type"] == "insert")
+
+    wait_until(lambda: len(arrived()) > 1500, 60, message="1,500 rows before the outage")
+    proxy.down()
+    wait_until(lambda: backend_status(path, name).get("waiting_seconds", 0) > 3, 60,
+               message=f"some seconds of WAITING; log:\n{proc.log()[-3000:]}")
+    proxy.up()
+    writer.join(120)
+    assert not writer.is_alive()
+    wait_until(lambda: len(arrived()) >= LOAD_ROWS, 120,
+               message=f"all {LOAD_ROWS} rows; log:\n{proc.log()[-3000:]}")
+    counts = arrived()
+    assert set(counts) == set(range(LOAD_ROWS))
+    assert set(counts.values()) == {1}, {k: v for k, v in counts.items() if v > 1}
+    order = [e["pk"]["id"] for e in proc.events() if e["type"] == "insert"]
+    assert order == sorted(order)
+    assert backend_status(path, name)["restarts"] == 0
+    assert "Traceback" not in proc.log()
+
+
+def test_postgresql_outage_under_load_loses_and_repeats_nothing(lapidus_factory, pg_db,
+                                                               pg_proxy):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db, port=pg_proxy.port,
+                                                    reconnect_max_delay=1)],
+                            "plugins": {"stdout": {}}, "supervisor": SUPERVISOR})
+
+    def load():
+        conn = pg_connect(pg_db.name)
+        with conn.cursor() as cur:
+            for i in range(LOAD_ROWS):
+                cur.execute("INSERT INTO t VALUES (%s)", (i,))
+        conn.close()
+
+    outage_under_load(proc, "pg", load, pg_proxy)
+
+
+def test_mariadb_outage_under_load_loses_and_repeats_nothing(lapidus_factory, sql,
+                                                            mysql_proxy):
+    from tests.integration.mysql_fixtures import DATABASE, lapidus_backend, root_connection
+
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [lapidus_backend(port=mysql_proxy.port,
+                                                         reconnect_max_delay=1)],
+                            "plugins": {"stdout": {}}, "supervisor": SUPERVISOR})
+
+    def load():
+        # ten rows a transaction: a reconnect may fall inside one
+        conn = root_connection(database=DATABASE)
+        conn.autocommit(False)
+        with conn.cursor() as cur:
+            for i in range(LOAD_ROWS):
+                cur.execute("INSERT INTO t VALUES (%s)", (i,))
+                if i % 10 == 9:
+                    conn.commit()
+        conn.commit()
+        conn.close()
+
+    outage_under_load(proc, "crm", load, mysql_proxy)
