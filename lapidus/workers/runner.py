@@ -305,6 +305,8 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:
         code = run_profiled(f"worker-{backend.name}", loop.run)
+    except StopRequested:       # a stop that hit the very end of a blocking section
+        code = exitcodes.CHILD_OK
     except Exception:
         log.exception("worker crashed")
         code = exitcodes.CHILD_ERROR
