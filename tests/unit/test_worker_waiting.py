@@ -312,3 +312,26 @@ def test_lag_is_the_age_of_the_oldest_unconfirmed_event_under_steady_load(tmp_pa
     link.confirm_up_to = 2
     loop._take_acks(link, 0)
     assert loop.oldest_unconfirmed_ts is None and runner._age(None) == 0.0
+
+
+# ----------------------------------------------------------------------------- MongoDB
+
+@pytest.mark.parametrize("make,fatal,needle", [
+    (lambda e: e.ServerSelectionTimeoutError("127.0.0.1:27017: [Errno 111] Connection refused"),
+     False, "cannot reach MongoDB at db:27017"),
+    (lambda e: e.AutoReconnect("connection closed"), False, "cannot reach MongoDB"),
+    (lambda e: e.NetworkTimeout("timed out"), False, "cannot reach MongoDB"),
+    (lambda e: e.OperationFailure("The server is in quiesce mode and will shut down", 91),
+     False, "(code 91)"),
+    (lambda e: e.OperationFailure("Authentication failed.", 18), True, "rejected the credentials"),
+    (lambda e: e.OperationFailure("not authorized on shop", 13), True, "grant it the role"),
+])
+def test_mongodb_errors_are_classified(make, fatal, needle):
+    from pymongo import errors as pymongo_errors
+
+    from lapidus.workers.mongo import errors as mongo_errors
+    from lapidus.workers.mongo.settings import MongoSettings
+
+    settings = MongoSettings.from_options("cms", {"host": "db", "user": "u", "password": "pw"})
+    error = mongo_errors.describe(settings, make(pymongo_errors), "reading changes")
+    assert error.fatal is fatal and needle in str(error), error
