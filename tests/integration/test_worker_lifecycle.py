@@ -108,4 +108,11 @@ def test_scopes_that_match_nothing_are_warned_about_at_start(lapidus_factory, pg
     assert any(b == "nodb" and f'database "{DATABASE}_missing" does not exist' in e
                for b, e in warnings), warnings
     assert not any('"orders"' in e for _, e in warnings), warnings
+    # the table a pattern was waiting for appears: its first change says so
+    pg_db.sql("CREATE TABLE ordrs (id int PRIMARY KEY)", "INSERT INTO ordrs VALUES (1)")
+    sql.run("CREATE TABLE itmes (id INT PRIMARY KEY)", "INSERT INTO itmes VALUES (1)")
+    for name, pattern in (("pg", "ordrs"), ("crm", "itmes")):
+        wait_until(lambda: any(r.get("backend") == name and r["event"].startswith(
+            f'include_tables pattern "{pattern}" now matches table') for r in records(proc)),
+            30, message=f"{name}: {pattern} now matches")
     assert_each_worker_stopped(proc, ("pg", "crm", "nodb"))

@@ -88,6 +88,13 @@ SCOPE_TABLES = ("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES 
 SCOPE_SCHEMAS = "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA"
 
 
+def unmatched_patterns(scope: Scope, tables: Sequence[Tuple[str, str]]) -> List[str]:
+    """The ``include_tables`` patterns of ``scope`` that match none of ``tables``."""
+    return [pattern for pattern in scope.include
+            if not any(Scope(scope.database, include=(pattern,)).allows(schema, table)
+                       for schema, table in tables)]
+
+
 def scope_warnings(scope: Scope, schemas: Sequence[str],
                    tables: Sequence[Tuple[str, str]]) -> List[str]:
     """What makes a backend stream nothing today, said at start instead of silently: a
@@ -100,13 +107,11 @@ def scope_warnings(scope: Scope, schemas: Sequence[str],
     if scope.database and scope.database not in set(schemas):
         out.append(f'database "{scope.database}" does not exist on the server: nothing of it '
                    f"is streamed until it is created; check the backend's database setting")
-    for pattern in scope.include:
-        single = Scope(scope.database, include=(pattern,))
-        if not any(single.allows(schema, table) for schema, table in tables):
-            where = f' in database "{scope.database}"' if scope.database and "." not in pattern \
-                else ""
-            out.append(f'include_tables pattern "{pattern}" matches no table{where}; its '
-                       f"tables are streamed once they exist, check the spelling")
+    for pattern in unmatched_patterns(scope, tables):
+        where = f' in database "{scope.database}"' if scope.database and "." not in pattern \
+            else ""
+        out.append(f'include_tables pattern "{pattern}" matches no table{where}; its tables '
+                   f"are streamed once they exist, check the spelling")
     return out
 
 

@@ -32,7 +32,9 @@ from .connection import (
 from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
 from .reader import BinlogReader, StreamEnded
 from .retention import binlog_files, expire_seconds, retention_warning, server_position
-from .scope import SCOPE_SCHEMAS, SCOPE_TABLES, scope_from, scope_warnings
+from .scope import (SCOPE_SCHEMAS, SCOPE_TABLES, scope_from, scope_warnings,
+                    unmatched_patterns)
+from ..scopewatch import ScopeWatch
 from .settings import settings_from
 
 RETENTION_CHECK_EVERY = 60.0
@@ -94,6 +96,7 @@ class MysqlSource(Source):
         self._retention_checked = 0.0
         self._retention_cache: Dict[str, Any] = {}
         self._scope_checked = False
+        self.scope_watch = ScopeWatch(log)
         self._first_position: Any = None   # the checkpoint of the very first open
         if (getattr(backend, "options", None) or {}).get("connect_retry_seconds") is not None:
             self.log.warning("connect_retry_seconds no longer has an effect: an unreachable "
@@ -122,6 +125,7 @@ class MysqlSource(Source):
             tables = [(str(row[0]), str(row[1])) for row in self._query(SCOPE_TABLES)]
             for text in scope_warnings(self.scope, schemas, tables):
                 self.log.warning(f"{s.describe()}: {text}")
+            self.scope_watch.expect(unmatched_patterns(self.scope, tables))
         mariadb = (s.flavor == "mariadb") if s.flavor else facts.mariadb
         self._flavor = MARIADB if mariadb else MYSQL
         gtid_mode = mariadb or (facts.variables.get("gtid_mode", "").upper() == "ON")
@@ -283,6 +287,7 @@ class MysqlSource(Source):
             raise
         except Exception as exc:
             raise self._stream_error(exc) from exc
+        self.scope_watch.seen(events)
         return Batch(events, changes.checkpoint().to_json())
 
     def _stream_error(self, exc: BaseException) -> BackendError:

@@ -22,6 +22,7 @@ import psycopg2
 from ...events import Event
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
+from ..scopewatch import ScopeWatch
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
                      retained_wal, slot_info)
@@ -78,6 +79,7 @@ class PostgresSource(Source):
         self.paused_for_cap = False
         self._gap: Optional[Batch] = None
         self._scope_checked = False
+        self.scope_watch = ScopeWatch(log)
         self._last_cap_check = 0.0
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
@@ -114,7 +116,9 @@ class PostgresSource(Source):
         check_server(conn, name, decoder_name)
         if not self._scope_checked:         # once per worker, not at every reconnect
             self._scope_checked = True
-            for pattern in unmatched_includes(conn, self.backend.include_tables or ()):
+            unmatched = unmatched_includes(conn, self.backend.include_tables or ())
+            self.scope_watch.expect(unmatched)
+            for pattern in unmatched:
                 self.log.warning(f'include_tables pattern "{pattern}" matches no table of '
                                  f'database "{self.options["database"]}"; its tables are '
                                  f"streamed once they exist (a filtered publication needs a "
@@ -245,7 +249,9 @@ class PostgresSource(Source):
             gap, self._gap = self._gap, None
             return gap
         try:
-            return self._read(max_events, timeout)
+            batch = self._read(max_events, timeout)
+            self.scope_watch.seen(batch.events)
+            return batch
         except psycopg2.Error as exc:     # a catalog look-up by the decoder
             raise query_error(exc, self.options, self.backend.name,
                               "looking up a table or type") from None
