@@ -605,7 +605,8 @@ def test_mysql_defaults_and_derived_server_id():
     # the same backend name on two hosts: two ids (a server drops a reader whose id another
     # reader connects with)
     assert S.derived_server_id("crm", "host-a") != S.derived_server_id("crm", "host-b")
-    assert S.derived_server_id("crm") == S.derived_server_id("crm", __import__("lapidus.settings.names", fromlist=["x"]).host_identity())
+    from lapidus.settings.names import host_identity
+    assert S.derived_server_id("crm") == S.derived_server_id("crm", host_identity())
 
 
 def test_mongo_defaults_with_and_without_uri():

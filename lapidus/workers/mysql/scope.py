@@ -100,8 +100,8 @@ def scope_warnings(scope: Scope, schemas: Sequence[str],
     """What makes a backend stream nothing today, said at start instead of silently: a
     ``database`` that does not exist, ``include_tables`` patterns that match no table.
 
-    Pure: ``schemas`` and ``tables`` (schema, table) are those that exist now.  Both are warnings, not
-    errors: the database or table may be created later and is then streamed.
+    Pure: ``schemas`` and ``tables`` (schema, table) are those that exist now.  Both are
+    warnings, not errors: the database or table may be created later and is then streamed.
     """
     out: List[str] = []
     if scope.database and scope.database not in set(schemas):
