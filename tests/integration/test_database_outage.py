@@ -13,8 +13,6 @@ import collections
 import json
 import threading
 
-import pytest
-
 from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.outage_proxy import mysql_proxy, pg_proxy  # noqa: F401 (fixtures)

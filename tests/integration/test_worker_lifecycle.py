@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend
 from tests.integration.mongo_fixtures import free_port, mongo  # noqa: F401 (fixture)
