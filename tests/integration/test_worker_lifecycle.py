@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend
 from tests.integration.mongo_fixtures import free_port, mongo  # noqa: F401 (fixture)
@@ -114,3 +116,30 @@ def test_scopes_that_match_nothing_are_warned_about_at_start(lapidus_factory, pg
             f'include_tables pattern "{pattern}" now matches table') for r in records(proc)),
             30, message=f"{name}: {pattern} now matches")
     assert_each_worker_stopped(proc, ("pg", "crm", "nodb"))
+
+
+def test_the_workers_own_queries_have_timeouts(pg_db, sql):
+    """A hung server cannot freeze a worker: its PostgreSQL session has a statement_timeout
+    (and TCP keepalives), its MySQL query connection read and write timeouts."""
+    from lapidus.workers.mysql.connection import QUERY_TIMEOUT, connect as mysql_connect
+    from lapidus.workers.mysql.settings import settings_from
+    from lapidus.workers.postgresql.catalog import connect as pg_connect_worker
+    from tests.integration.mysql_fixtures import HOST, PORT
+
+    conn = pg_connect_worker({"database": pg_db.name}, "pg", "lapidus_test")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW statement_timeout")
+            assert cur.fetchone()[0] == "15s"
+            cur.execute("SET statement_timeout = 200")
+            with pytest.raises(Exception) as timed_out:
+                cur.execute("SELECT pg_sleep(5)")
+        assert getattr(timed_out.value, "pgcode", None) == "57014"
+        assert conn.get_dsn_parameters().get("keepalives") == "1"
+    finally:
+        conn.close()
+    my = mysql_connect(settings_from("crm", {"host": HOST, "port": PORT}))
+    try:
+        assert my._read_timeout == QUERY_TIMEOUT and my._write_timeout == QUERY_TIMEOUT
+    finally:
+        my.close()
