@@ -39,6 +39,9 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
             "good (too large, not permitted): `hold` keeps the backend at that event, retrying, "
             "until the cause is fixed (nothing skipped); `dead_letter` moves it to "
             "`<state_dir>/<backend>/dead-letters.jsonl` and streams on.", "hold"),
+    Setting("reconnect_max_delay", Seconds(), "Longest wait between two attempts at reaching "
+            "an unreachable database; the worker retries for ever (state WAITING, never counted "
+            "as a crash), waits doubling from 0.5 s up to this.", 30.0),
 )
 
 _PORT = Int(1, 65535)
@@ -64,8 +67,9 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "Logical replication slot.",
             Derived("`lapidus_<name>`, lowercased, other characters replaced by `_`, "
                     "63 at most", lambda v, c: pg_identifier(v["name"])), types=PG),
-    Setting("temporary_slot", Bool(), "Use a temporary slot (dropped on disconnect: changes "
-            "made while stopped are lost; for demos and tests).", False, types=PG),
+    Setting("temporary_slot", Bool(), "Drop the slot when the backend stops (demos, tests); "
+            "the next start creates a new one and emits a `gap` event: changes made while "
+            "stopped are lost (docs/postgresql.md).", False, types=PG),
     Setting("decoder", Choice("auto", "pgoutput", "wal2json"),
             "Logical decoding output plugin. `auto`: the plugin of an existing slot, else "
             "`pgoutput` when the server allows it (built in, the default), else `wal2json`. "
@@ -107,11 +111,14 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "otherwise); every database when unset.", types=MY),
     Setting("server_id", Int(SERVER_ID_MIN, SERVER_ID_MAX), "Replica server id; must differ "
             "from the server's and from every other replica's.",
-            Derived("a stable number in 1000..4294967295 derived from the backend name",
+            Derived("a stable number in 1000..4294967295 hashed from this host's "
+                    "`/etc/machine-id` (else its host name) and the backend name, so readers "
+                    "on different hosts never share one",
                     lambda v, c: derived_server_id(v["name"])), types=MY,
             aliases=("serverId",)),
-    Setting("connect_retry_seconds", Seconds(zero=True), "Total time to keep retrying the "
-            "first connection at start-up.", 60.0, types=MY),
+    Setting("connect_retry_seconds", Seconds(zero=True), "No longer used (accepted so older "
+            "files load): an unreachable server is retried for ever, see "
+            "`reconnect_max_delay`.", types=MY),
     Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server, so a dead "
             "connection is noticed.", 5.0, types=MY),
     Setting("allow_partial_row_image", Bool(), "Accept `binlog_row_image` other than FULL "

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Dict, Tuple
+import socket
+from typing import Dict, Optional, Tuple
 
 BACKEND_TYPES: Tuple[str, ...] = ("postgresql", "mysql", "mongo")
 BUILTIN_PLUGINS: Tuple[str, ...] = ("stdout", "nats", "exec")
@@ -31,13 +32,28 @@ def pg_identifier(name: str) -> str:
     return re.sub(r"[^a-z0-9_]", "_", f"lapidus_{name}".lower())[:63]
 
 
-def derived_server_id(name: str) -> int:
-    """A stable MySQL replica server id for a backend name, in 1000..4294967295.
+def host_identity() -> str:
+    """What tells this machine from others: ``/etc/machine-id`` (systemd, unique per
+    installation), else the host name."""
+    try:
+        with open("/etc/machine-id", encoding="ascii") as f:
+            text = f.read().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    return socket.gethostname()
+
+
+def derived_server_id(name: str, host: Optional[str] = None) -> int:
+    """A stable MySQL replica server id for a backend name on this host, in 1000..4294967295.
 
     Stable so restarts reuse the same id; above 1000 to stay clear of the small ids people
-    give their real servers.  The server refuses a replica whose id equals its own or another
-    connected replica's: set ``server_id`` explicitly when two daemons read the same server
-    under the same backend name.
+    give their real servers.  The host (:func:`host_identity`, or ``host``) is part of the
+    hash, so two machines reading one server with the same backend name get different ids:
+    a server drops a reader when another connects with its id.  Two daemons on one host under
+    the same backend name must still set ``server_id``.
     """
-    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    key = f"{host if host is not None else host_identity()}\0{name}"
+    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return DERIVED_SERVER_ID_MIN + digest % (SERVER_ID_MAX - DERIVED_SERVER_ID_MIN + 1)

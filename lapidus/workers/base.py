@@ -19,9 +19,12 @@ from ..events import Event
 class BackendError(Exception):
     """A problem with a backend, phrased for the operator: the thing, the reason, the fix.
 
-    ``fatal=True`` means retrying cannot help (bad configuration, wrong password, missing
-    server setting): the supervisor marks the backend FATAL instead of restarting it in a
-    loop.  ``fatal=False`` is transient (server down, connection dropped): restart with backoff.
+    ``fatal=True`` means retrying cannot help (bad configuration, wrong password, a role or
+    user that does not exist, missing privilege or server setting, a position the server no
+    longer has): the worker exits and the supervisor marks the backend FATAL.  ``fatal=False``
+    is transient (server down, refusing connections, starting up or shutting down, too many
+    connections, connection lost mid-stream): the worker itself waits and opens the source
+    again from the confirmed checkpoint (:mod:`lapidus.workers.waiting`), never a crash.
     """
 
     def __init__(self, message: str, *, fatal: bool = False):
@@ -54,8 +57,9 @@ class Source(abc.ABC):
     def open(self, checkpoint: Optional[Any]) -> None:
         """Connect, check the server and position the stream after ``checkpoint``.
 
-        ``checkpoint`` is the last value saved from a delivered :class:`Batch`, or ``None`` on
-        the first start.  Raises :class:`BackendError` with a clear message on failure.
+        ``checkpoint`` is the last value confirmed from a delivered :class:`Batch`, or ``None``
+        on the first start.  Raises :class:`BackendError` with a clear message on failure;
+        :meth:`read` raises a transient one when the connection is lost mid-stream.
         """
 
     @abc.abstractmethod
@@ -78,6 +82,19 @@ class Source(abc.ABC):
         """Extra fields for ``lapidusctl status`` (lag, source position ...)."""
         return {}
 
+    def suspend(self) -> None:
+        """Let go of the server before a reconnect (the worker opens the source again).
+
+        The same as :meth:`close` unless a source keeps something across reconnects that a
+        final stop releases (PostgreSQL keeps a temporary slot)."""
+        self.close()
+
+    def target(self) -> str:
+        """``HOST:PORT`` (or what names the server) for "waiting for ..." in the status."""
+        options = getattr(self.backend, "options", None) or {}
+        return f'{options.get("host", "127.0.0.1")}:{options.get("port", "")}'.rstrip(":")
+
     @abc.abstractmethod
     def close(self) -> None:
-        """Release connections and child processes.  Must be safe to call twice."""
+        """Release connections and child processes.  Must be safe to call twice, and
+        :meth:`open` may be called again after it (a reconnect reuses the source)."""

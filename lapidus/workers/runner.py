@@ -1,6 +1,8 @@
 """The generic worker loop: source -> encoded batches -> dispatcher, acks -> checkpoint.
 
-Runs in a worker process, one per backend, forked by the supervisor.  Flow control: at most
+Runs in a worker process, one per backend, forked by the supervisor.  A database that cannot
+be reached (at start or mid-stream) is waited for here, for ever, in the WAITING state
+(:mod:`.waiting`); sources only say whether an error is fatal.  Flow control: at most
 ``max_inflight_batches`` batches are unconfirmed at any time; when the sinks are slow or down
 the worker stops reading its source (backpressure, nothing is dropped).  A checkpoint is saved
 only for positions whose batches every sink confirmed, at most every ``CHECKPOINT_EVERY`` seconds
@@ -25,10 +27,12 @@ from ..events import record_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
+from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 STATUS_EVERY = 1.0
+DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 
 
 def make_source(backend, state_dir: Path, log) -> Source:
@@ -46,7 +50,14 @@ def make_source(backend, state_dir: Path, log) -> Source:
 
 
 class WorkerLoop:
-    """State of one worker process; :meth:`run` is its whole life."""
+    """State of one worker process; :meth:`run` is its whole life.
+
+    Life: open the source (a transient failure waits and retries, :mod:`.waiting`), stream,
+    and when the connection is lost mid-stream take the acks of what is in flight, save the
+    checkpoint, close the source and open it again from the confirmed checkpoint, on the
+    same dispatcher link.  Only a fatal :class:`BackendError` (or a lost dispatcher) ends
+    the process before it is told to stop.
+    """
 
     def __init__(self, backend, state_dir: Path, socket_path: str, status, log):
         self.backend = backend
@@ -55,21 +66,38 @@ class WorkerLoop:
         self.status = status            # multiprocessing Connection to the supervisor
         self.log = log
         self.store = CheckpointStore(state_dir)
-        self.inflight: Deque[Tuple[Optional[int], Any]] = collections.deque()
+        # (seq or None, checkpoint, commit time of the batch's first event or None)
+        self.inflight: Deque[Tuple[Optional[int], Any, Optional[str]]] = collections.deque()
         self.confirmed: Any = None      # newest checkpoint whose events are all delivered
         self.saved: Any = None
         self.last_save = 0.0
         self.seq = 0
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
-        self.oldest_unconfirmed_ts: Optional[str] = None   # commit time, for the lag column
-        self.stopping = False
+        self.gate = StopGate()
+        # within the supervisor's stop_timeout, so a clean stop is never a SIGKILL
+        self.drain_timeout = DRAIN_SECONDS
         options = backend.options
         self.batch_size = int(options.get("batch_size", 1000))
         self.max_inflight = int(options.get("max_inflight_batches", 8))
+        self.waiter = Waiter(
+            maximum=float(options.get("reconnect_max_delay") or DEFAULT_MAX_DELAY),
+            report=self.report, log=log, gate=self.gate)
+
+    @property
+    def stopping(self) -> bool:
+        return self.gate.stopping
 
     def request_stop(self, *_):
-        self.stopping = True
+        self.gate.request()
+
+    @property
+    def oldest_unconfirmed_ts(self) -> Optional[str]:
+        """Commit time of the oldest event sent and not yet confirmed (None: nothing is)."""
+        for _seq, _checkpoint, ts in self.inflight:
+            if ts is not None:
+                return ts
+        return None
 
     def report(self, kind: str, **fields) -> None:
         try:
@@ -79,18 +107,30 @@ class WorkerLoop:
 
     def run(self) -> int:
         source = None
+        link = None
         try:
             source = make_source(self.backend, self.state_dir, self.log)
             checkpoint = self.store.load()
             self.saved = self.confirmed = checkpoint
-            source.open(checkpoint)
-            link = DispatcherLink(self.socket_path, self.backend.name, config=self.backend)
-            self.report("ready", position=_position_of(checkpoint))
-            self.log.info("streaming", resumed=checkpoint is not None)
-            self._loop(source, link)
-            self._drain(link)
-            self._save(force=True, source=source)
-            link.close()
+            resumed = checkpoint is not None
+            while self._open(source):
+                if link is None:
+                    link = DispatcherLink(self.socket_path, self.backend.name,
+                                          config=self.backend)
+                self.report("ready", position=_position_of(self.confirmed))
+                self.log.info("streaming", resumed=resumed)
+                resumed = True
+                try:
+                    self._loop(source, link)
+                    break                           # told to stop
+                except BackendError as exc:
+                    if exc.fatal:
+                        raise
+                    self._reconnect_after(exc, source, link)
+            if link is not None:
+                self._drain(link)
+                self._save(force=True, source=source)
+                link.close()
             return exitcodes.CHILD_OK
         except BackendError as exc:
             self.report("error", message=str(exc), fatal=exc.fatal)
@@ -105,6 +145,47 @@ class WorkerLoop:
                     source.close()
             except Exception as exc:  # closing must not hide the original failure
                 self.log.warning("error while closing the source", error=str(exc))
+
+    def _open(self, source: Source) -> bool:
+        """Open ``source`` at the confirmed checkpoint, waiting out transient failures.
+
+        True once open; False when the worker was told to stop first.  Fatal errors raise.
+        """
+        error: Optional[BackendError] = None
+        while not self.stopping:
+            if error is not None:
+                self.waiter.heartbeat(source.target(), error)
+            try:
+                with self.gate.blocking():
+                    source.open(self.confirmed)
+                self.waiter.connected()
+                return True
+            except StopRequested:
+                return False
+            except BackendError as exc:
+                if exc.fatal:
+                    raise
+                error = exc
+            source.suspend()                    # whatever the attempt left half-open
+            if not self.waiter.wait(error, source.target()):
+                return False
+        return False
+
+    def _reconnect_after(self, error: BackendError, source: Source,
+                         link: DispatcherLink) -> None:
+        """The connection broke mid-stream: settle what the sinks confirm, then close.
+
+        Batches still unconfirmed after the bounded wait are forgotten here: the source
+        reads them again from the confirmed checkpoint, and a late ack of theirs moves
+        nothing (acks are cumulative and the new batches have higher numbers).
+        """
+        self.log.warning("lost the connection to the database; reconnecting from the last "
+                         "confirmed position", error=str(error), target=source.target())
+        self.waiter.lost(error, source.target())
+        self._drain(link)
+        self._save(force=True, source=source)
+        self.inflight.clear()
+        source.suspend()
 
     def _loop(self, source: Source, link: DispatcherLink) -> None:
         last_status = 0.0
@@ -121,11 +202,9 @@ class WorkerLoop:
                         link.send_batch(self.seq, [record_fields(e) for e in batch.events])
                         self.events_sent += len(batch.events)
                         self._count(batch.events)
-                        self.inflight.append((self.seq, batch.checkpoint))
-                        if self.oldest_unconfirmed_ts is None:
-                            self.oldest_unconfirmed_ts = batch.events[0].ts
+                        self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))
                     elif self.inflight:
-                        self.inflight.append((None, batch.checkpoint))
+                        self.inflight.append((None, batch.checkpoint, None))
                     else:
                         self.confirmed = batch.checkpoint
             self._settle_unsent()
@@ -155,8 +234,6 @@ class WorkerLoop:
             return
         while self.inflight and (self.inflight[0][0] is None or self.inflight[0][0] <= acked):
             self.confirmed = self.inflight.popleft()[1]
-        if not self.inflight:
-            self.oldest_unconfirmed_ts = None
 
     def _settle_unsent(self) -> None:
         """Checkpoints that needed no delivery become confirmed once everything before is."""
@@ -173,14 +250,14 @@ class WorkerLoop:
         self.saved, self.last_save = self.confirmed, now
         source.commit(self.confirmed)
 
-    def _drain(self, link: DispatcherLink, timeout: float = 7.0) -> None:
-        """On stop: wait (bounded) for the sinks to confirm what was already sent."""
-        deadline = time.monotonic() + timeout
+    def _drain(self, link: DispatcherLink) -> None:
+        """Wait (bounded by ``drain_timeout``) for the sinks to confirm what was sent."""
+        deadline = time.monotonic() + self.drain_timeout
         while self.inflight and time.monotonic() < deadline:
             self._take_acks(link, 0.1)
             self._settle_unsent()
         if self.inflight:
-            self.log.warning("stopping with unconfirmed batches; they will be sent again",
+            self.log.warning("unconfirmed batches left; they will be sent again",
                              batches=len(self.inflight))
 
 
@@ -229,6 +306,8 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:
         code = run_profiled(f"worker-{backend.name}", loop.run)
+    except StopRequested:       # a stop that hit the very end of a blocking section
+        code = exitcodes.CHILD_OK
     except Exception:
         log.exception("worker crashed")
         code = exitcodes.CHILD_ERROR

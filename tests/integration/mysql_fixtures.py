@@ -126,8 +126,7 @@ def sql(mysql_server) -> Sql:
 def backend(name: str = "crm", *, include: Tuple[str, ...] = (), exclude: Tuple[str, ...] = (),
             **options: Any) -> BackendConfig:
     opts = {"host": HOST, "port": PORT, "user": ROOT, "password": ROOT_PASSWORD,
-            "database": DATABASE, "server_id": next_server_id(), "connect_retry_seconds": 5,
-            "heartbeat_seconds": 1}
+            "database": DATABASE, "server_id": next_server_id(), "heartbeat_seconds": 1}
     opts.update(options)
     return BackendConfig(name=name, type="mysql", options=opts, include_tables=include,
                          exclude_tables=exclude)
@@ -273,8 +272,7 @@ def lapidus_backend(name: str = "crm", **options: Any) -> dict:
     :func:`backend`): this session's database, a fresh server_id, quick heartbeats."""
     entry = {"name": name, "type": "mysql", "host": HOST, "port": PORT, "user": ROOT,
              "password": ROOT_PASSWORD, "database": DATABASE,
-             "server_id": next(_supervised_server_ids), "connect_retry_seconds": 5,
-             "heartbeat_seconds": 1}
+             "server_id": next(_supervised_server_ids), "heartbeat_seconds": 1}
     entry.update(options)
     return entry
 

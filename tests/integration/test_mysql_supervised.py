@@ -3,8 +3,8 @@
 Each test runs ``lapidus -c CONFIG`` as a process with a mysql backend and the stdout plugin:
 whole events of insert/update/delete; a ``kill -9`` of the worker in the middle of one 100-row
 transaction; a MariaDB restart in the middle of a load; a wrong password (that backend FATAL,
-another keeps streaming, the password shown nowhere); an address nobody listens on (retried,
-named in the log and in ``lapidusctl status``).
+another keeps streaming, the password shown nowhere); an address nobody listens on (waited for
+in WAITING, named in the log and in ``lapidusctl status``).
 
 Waiting is always on a condition with a deadline.  The restart test shuts the shared local
 MariaDB down: it always starts it again, even when it fails.
@@ -296,7 +296,7 @@ PAUSE_AT = 8_000
 def test_mariadb_restart_in_the_middle_of_a_load_loses_nothing(lapidus_factory, sql):
     sql.run("CREATE TABLE load_rows (id INT PRIMARY KEY, v VARCHAR(20))",
             "CREATE TABLE marker (id INT)")
-    config = {"backends": [lapidus_backend(connect_retry_seconds=60)],
+    config = {"backends": [lapidus_backend()],
               "plugins": {"stdout": {}},
               "supervisor": {"backoff_initial": 0.1, "max_restarts": 20}}
     proc = lapidus_factory(config)
@@ -429,32 +429,34 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_unreachable_server_is_retried_and_named_in_log_and_status(lapidus_factory):
+def test_unreachable_server_is_waited_for_and_named_in_log_and_status(lapidus_factory):
     port = free_port()
     address = f"127.0.0.1:{port}"
     proc = lapidus_factory({
-        "backends": [lapidus_backend(host="127.0.0.1", port=port, connect_retry_seconds=0.5,
-                                     connect_timeout=2)],
+        "backends": [lapidus_backend(host="127.0.0.1", port=port, connect_timeout=2,
+                                     reconnect_max_delay=1)],
         "plugins": {"stdout": {}},
-        "supervisor": {"backoff_initial": 0.2, "backoff_max": 1.0, "max_restarts": 1000}})
+        "supervisor": {"backoff_initial": 0.2, "backoff_max": 1.0, "max_restarts": 1}})
     path = proc.config_path
 
-    def failing():
+    def waiting():
         row = status(path).get("crm")
-        return row if row and row["restarts"] >= 2 and row["last_error"] else None
+        return row if row and row["state"] == "WAITING" else None
 
-    first = wait_until(failing, 60, message=f"restarts; log:\n{proc.log()[-3000:]}")
-    assert first["state"] in ("BACKOFF", "STARTING"), first
+    first = wait_until(waiting, 60, message=f"WAITING; log:\n{proc.log()[-3000:]}")
+    assert first["waiting_for"] == address, first
     assert address in first["last_error"] and "cannot reach" in first["last_error"]
-    wait_until(lambda: status(path)["crm"]["restarts"] > first["restarts"], 30,
-               message="the restart count growing")
-    assert status(path)["crm"]["state"] != "FATAL"
+    wait_until(lambda: (status(path).get("crm") or {}).get("waiting_seconds", 0) > 3, 30,
+               message="a few seconds of waiting")
+    row = status(path)["crm"]
+    assert row["state"] == "WAITING" and row["restarts"] == 0, row
 
-    failures = [r for r in log_records(proc) if r.get("event") == "backend failed"]
-    assert failures, proc.log()[-3000:]
-    for failure in failures:
-        assert f"cannot reach MySQL/MariaDB at {address}" in failure["error"], failure
-        assert failure["fatal"] is False
+    waits = [r for r in log_records(proc)
+             if r.get("event") == "cannot reach the database; waiting, then retrying"]
+    assert len(waits) >= 2, proc.log()[-3000:]
+    for record in waits:
+        assert f"cannot reach MySQL/MariaDB at {address}" in record["error"], record
+    assert not [r for r in log_records(proc) if r.get("event") == "backend failed"]
     assert "Traceback" not in proc.log()
 
 

@@ -567,7 +567,8 @@ def test_backend_lookup_by_name():
 def test_postgresql_defaults():
     (b,) = parse(pg(name="Shop-EU")).backends
     assert b.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8, "on_undeliverable": "hold",
+        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "host": "127.0.0.1", "port": 5432, "user": "postgres", "password": None,
         "connect_timeout": 10, "passfile": None, "database": "shop",
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
@@ -588,25 +589,32 @@ def test_derived_slot_is_always_a_valid_slot_name():
 def test_mysql_defaults_and_derived_server_id():
     a, b = parse({"type": "mysql", "name": "crm"}, {"type": "mysql", "name": "erp"}).backends
     assert a.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8, "on_undeliverable": "hold",
+        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "host": "127.0.0.1", "port": 3306, "user": "root", "password": None,
         "connect_timeout": 10, "database": None, "server_id": S.derived_server_id("crm"),
-        "connect_retry_seconds": 60.0, "heartbeat_seconds": 5.0,
+        "connect_retry_seconds": None, "heartbeat_seconds": 5.0,
         "allow_partial_row_image": False, "flavor": "auto",
     }
     assert 1000 <= a.options["server_id"] <= 4294967295
     assert a.options["server_id"] != b.options["server_id"]
     # stable across runs: a fixed value, not a salted hash()
     assert S.derived_server_id("crm") == S.derived_server_id("crm")
-    assert S.derived_server_id("crm") == 1000 + int.from_bytes(
-        __import__("hashlib").sha256(b"crm").digest()[:8], "big") % (4294967295 - 999)
+    assert S.derived_server_id("crm", "host-a") == 1000 + int.from_bytes(
+        __import__("hashlib").sha256(b"host-a\0crm").digest()[:8], "big") % (4294967295 - 999)
+    # the same backend name on two hosts: two ids (a server drops a reader whose id another
+    # reader connects with)
+    assert S.derived_server_id("crm", "host-a") != S.derived_server_id("crm", "host-b")
+    from lapidus.settings.names import host_identity
+    assert S.derived_server_id("crm") == S.derived_server_id("crm", host_identity())
 
 
 def test_mongo_defaults_with_and_without_uri():
     plain, with_uri = parse({"type": "mongo", "user": "u", "password": "pw12345"},
                             {"type": "mongo", "name": "m2", "uri": "mongodb://h/"}).backends
     assert plain.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8, "on_undeliverable": "hold",
+        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "uri": None, "host": "127.0.0.1", "port": 27017, "user": "u", "password": "pw12345",
         "database": None, "replica_set": None, "auth_source": None, "tls": None,
         "tls_ca_file": None, "tls_certificate_key_file": None,
@@ -895,7 +903,8 @@ def test_each_key_is_declared_once_per_backend_type(backend_type):
 def test_spec_settings_are_declared():
     names = {t: {s.name for s in S.backend_settings(t)} for t in S.BACKEND_TYPES}
     common = {"name", "type", "include_tables", "exclude_tables", "plugins", "enabled",
-              "batch_size", "max_inflight_batches", "on_undeliverable"}
+              "batch_size", "max_inflight_batches", "on_undeliverable",
+              "reconnect_max_delay"}
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",

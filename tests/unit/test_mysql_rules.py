@@ -243,9 +243,36 @@ def test_server_id_clash_with_another_replica_but_not_with_ourselves():
      False, "cannot reach MySQL/MariaDB at 127.0.0.1:3306"),
     (2013, "Lost connection to MySQL server during query", False, "cannot reach"),
     (1040, "Too many connections", False, "refuses more connections"),
+    (1203, "User cdc already has more than 'max_user_connections' active connections", False,
+     "refuses more connections"),
+    # the side that was there first, disconnected by a newcomer with its server_id (MariaDB)
+    (4052, "A slave with the same server_uuid/server_id is already connected; the first "
+           "event '.' at 4", True, "same server_id 4242"),
+    # MySQL says it inside error 1236
+    (1236, "A slave with the same server_uuid/server_id as this slave has connected to the "
+           "master", True, "give every reader of the server its own server_id"),
 ])
 def test_server_errors_are_named_and_classified(code, text, fatal, needle):
-    settings = settings_from("crm", {"user": "cdc", "password": "pw-secret"})
+    settings = settings_from("crm", {"user": "cdc", "password": "pw-secret", "server_id": 4242})
     error = describe_error(settings, pymysql.err.OperationalError(code, text))
     assert error.fatal is fatal and needle in str(error) and "pw-secret" not in str(error)
     assert str(error).startswith('backend "crm": ')
+
+
+# ----------------------------------------------------------------------------- scope at start
+
+def test_scope_warnings_name_a_missing_database_and_patterns_matching_nothing():
+    from lapidus.workers.mysql.scope import Scope, scope_warnings
+
+    tables = [("crm", "orders"), ("crm", "items"), ("erp", "stock")]
+    assert scope_warnings(Scope("crm"), ["crm", "erp"], tables) == []
+    assert scope_warnings(Scope("crm", include=("ord*", "erp.*")), ["crm", "erp"], tables) == []
+    missing = scope_warnings(Scope("crmm"), ["crm", "erp"], tables)
+    assert len(missing) == 1 and 'database "crmm" does not exist' in missing[0]
+    typo = scope_warnings(Scope("crm", include=("orders", "itmes", "erp.stok")),
+                          ["crm", "erp"], tables)
+    assert len(typo) == 2
+    assert 'pattern "itmes" matches no table in database "crm"' in typo[0]
+    assert 'pattern "erp.stok" matches no table;' in typo[1]
+    # an existing but empty database is not "missing"
+    assert scope_warnings(Scope("fresh"), ["fresh"], []) == []

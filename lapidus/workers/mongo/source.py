@@ -94,6 +94,17 @@ class MongoSource(Source):
 
     # -- Source interface -------------------------------------------------------------------
 
+    def target(self) -> str:
+        """``host:port`` of the server(s), for "waiting for ..." (never a password)."""
+        if self.settings.uri is not None:
+            try:
+                from pymongo.uri_parser import parse_uri
+                nodes = parse_uri(self.settings.uri, validate=False)["nodelist"]
+                return ",".join(f"{host}:{port}" for host, port in nodes)
+            except Exception:       # an unparsable uri is reported by open(); name it redacted
+                return self.settings.where
+        return self.settings.where
+
     def open(self, checkpoint: Optional[Any]) -> None:
         self.close()
         if self._invalid is not None:

@@ -1,4 +1,4 @@
-"""Connections to MySQL/MariaDB: connect with retry, name failures, watch the binlog stream.
+"""Connections to MySQL/MariaDB: connect, name failures (fatal or not), watch the binlog stream.
 
 Runs in the mysql worker process, after fork.
 
@@ -16,6 +16,9 @@ two things on the stream:
 
 Neither is a pymysql error, so nothing in the library can "helpfully" reconnect (its reconnect
 replays from the original start position).
+
+Retrying is not done here: :func:`connect` makes one attempt, and a transient failure goes to
+the worker loop, which waits and opens the source again (:mod:`lapidus.workers.waiting`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ ER_SPECIFIC_ACCESS_DENIED = 1227
 ER_MASTER_FATAL_READING_BINLOG = 1236
 ER_CON_COUNT = 1040
 ER_TOO_MANY_USER_CONNECTIONS = 1203
+ER_SLAVE_SAME_ID = 4052          # MariaDB; MySQL says it inside error 1236
+
+# The worker's own queries (checks, binlog retention, JSON column look-ups) on the query
+# connection give up after this long: a hung server cannot freeze the worker.
+QUERY_TIMEOUT = 15.0
 
 
 class Idle(Exception):
@@ -153,6 +161,9 @@ def describe_error(settings: MysqlSettings, exc: BaseException) -> BackendError:
     where = settings.address
     code = exc.args[0] if getattr(exc, "args", None) and isinstance(exc.args[0], int) else None
     text = exc.args[1] if code is not None and len(exc.args) > 1 else str(exc)
+    if code == ER_SLAVE_SAME_ID or "same server_uuid/server_id" in text \
+            or "same server_id" in text:
+        return server_id_clash(settings, text)
     if code == ER_ACCESS_DENIED:
         return BackendError(
             f"{who}: access denied for user \"{settings.user}\" at {where} ({text}); check the "
@@ -181,31 +192,26 @@ def describe_error(settings: MysqlSettings, exc: BaseException) -> BackendError:
     return BackendError(f"{who}: server error {code} at {where}: {text}")
 
 
-def connect(settings: MysqlSettings, log, *, retry_seconds: Optional[float] = None,
-            **extra: Any) -> WatchedConnection:
-    """A connection for queries, retried with backoff while the failure is transient.
+def server_id_clash(settings: MysqlSettings, text: str) -> BackendError:
+    """The server dropped this reader because another one connected with its server_id.
 
-    Gives up after ``retry_seconds`` (default: the backend's ``connect_retry_seconds``)
-    with a non-fatal :class:`BackendError` naming host and port; fails at once on fatal
-    errors (wrong password ...).
+    Fatal on purpose: reconnecting would knock the other reader off in turn, and the two
+    would take the stream from each other for ever.
     """
-    limit = settings.connect_retry_seconds if retry_seconds is None else retry_seconds
-    give_up = time.monotonic() + limit
-    delay = 0.25
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return WatchedConnection(**settings.connection_kwargs(**extra))
-        except pymysql.err.MySQLError as exc:
-            error = describe_error(settings, exc)
-            remaining = give_up - time.monotonic()
-            if error.fatal or remaining <= 0:
-                if not error.fatal and attempts > 1:
-                    error = BackendError(f"{error} (gave up after {attempts} attempts in "
-                                         f"{limit:g} s)")
-                raise error from None
-            log.warning("mysql connect failed, retrying", error=str(error),
-                        retry_in=round(min(delay, remaining), 2))
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 5.0)
+    return BackendError(
+        f"{settings.describe()}: {settings.address} disconnected this reader because another "
+        f"one connected with the same server_id {settings.server_id} ({text}); give every "
+        f"reader of the server its own server_id (SHOW SLAVE HOSTS lists them; leaving "
+        f"server_id unset derives one from this host and the backend name)", fatal=True)
+
+
+def connect(settings: MysqlSettings, **extra: Any) -> WatchedConnection:
+    """One connection attempt for queries; failures become a :class:`BackendError` saying
+    whether retrying can help (:func:`describe_error`).  Its queries time out after
+    ``QUERY_TIMEOUT`` seconds."""
+    kwargs = dict(read_timeout=QUERY_TIMEOUT, write_timeout=QUERY_TIMEOUT)
+    kwargs.update(extra)
+    try:
+        return WatchedConnection(**settings.connection_kwargs(**kwargs))
+    except pymysql.err.MySQLError as exc:
+        raise describe_error(settings, exc) from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...filters import TableFilter
 
@@ -77,6 +77,42 @@ class Scope:
         middle of a transaction is only exact under the same scope (see position.py)."""
         text = repr((self.database, self.include, self.exclude))
         return hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+
+
+# The tables a scope could match, for the warnings at start (system schemas never stream).
+SCOPE_TABLES = ("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE "
+                "TABLE_SCHEMA NOT IN ('mysql', 'information_schema', 'performance_schema', "
+                "'sys')")
+
+
+SCOPE_SCHEMAS = "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA"
+
+
+def unmatched_patterns(scope: Scope, tables: Sequence[Tuple[str, str]]) -> List[str]:
+    """The ``include_tables`` patterns of ``scope`` that match none of ``tables``."""
+    return [pattern for pattern in scope.include
+            if not any(Scope(scope.database, include=(pattern,)).allows(schema, table)
+                       for schema, table in tables)]
+
+
+def scope_warnings(scope: Scope, schemas: Sequence[str],
+                   tables: Sequence[Tuple[str, str]]) -> List[str]:
+    """What makes a backend stream nothing today, said at start instead of silently: a
+    ``database`` that does not exist, ``include_tables`` patterns that match no table.
+
+    Pure: ``schemas`` and ``tables`` (schema, table) are those that exist now.  Both are
+    warnings, not errors: the database or table may be created later and is then streamed.
+    """
+    out: List[str] = []
+    if scope.database and scope.database not in set(schemas):
+        out.append(f'database "{scope.database}" does not exist on the server: nothing of it '
+                   f"is streamed until it is created; check the backend's database setting")
+    for pattern in unmatched_patterns(scope, tables):
+        where = f' in database "{scope.database}"' if scope.database and "." not in pattern \
+            else ""
+        out.append(f'include_tables pattern "{pattern}" matches no table{where}; its tables '
+                   f"are streamed once they exist, check the spelling")
+    return out
 
 
 def scope_from(backend) -> Scope:

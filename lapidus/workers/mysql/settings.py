@@ -8,19 +8,17 @@ a bare dict of options (tests, benchmarks).
 from __future__ import annotations
 
 import socket
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from ...settings.names import derived_server_id
+
 
 def default_server_id(name: str) -> int:
-    """A stable replica server id derived from the backend name.
-
-    Every reader of one server needs its own id (a second connection with the same id makes
-    the server drop the first), so two backends left on the default must not share one.
-    Kept in 1_000_000_000..1_999_999_999, far from hand-picked ids like 1, 2, 100.
-    """
-    return 1_000_000_000 + zlib.crc32(name.encode("utf-8")) % 1_000_000_000
+    """The replica server id when none is configured: the configuration's own default
+    (:func:`lapidus.settings.names.derived_server_id`, hashed from this host and the backend
+    name), so a bare dict of options (tests, benchmarks) gets the same id as the loader."""
+    return derived_server_id(name)
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,6 @@ class MysqlSettings:
     database: Optional[str] = None
     server_id: int = 0
     connect_timeout: float = 10.0
-    connect_retry_seconds: float = 30.0
     heartbeat_seconds: float = 5.0
     allow_partial_row_image: bool = False
     flavor: Optional[str] = None          # "mariadb" | "mysql" | None: ask the server
@@ -82,7 +79,6 @@ def settings_from(name: str, options: Optional[Mapping[str, Any]]) -> MysqlSetti
         database=o.get("database") or None,
         server_id=int(o.get("server_id") or default_server_id(name)),
         connect_timeout=float(o.get("connect_timeout") or 10.0),
-        connect_retry_seconds=float(o.get("connect_retry_seconds", 30.0)),
         heartbeat_seconds=float(o.get("heartbeat_seconds") or 5.0),
         allow_partial_row_image=bool(o.get("allow_partial_row_image", False)),
         flavor=flavor,

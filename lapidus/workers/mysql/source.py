@@ -3,7 +3,7 @@
 Runs in the mysql worker process, after fork: the worker loop calls ``open(checkpoint)``, then
 ``read()`` in a loop, ships the batches and calls ``commit()`` once they are delivered.
 
-open():  connect (retrying an unreachable server for ``connect_retry_seconds``), check the
+open():  connect (one attempt: the worker loop waits out an unreachable server), check the
          server (checks.py), choose the start (the checkpoint, or the binlog's current end on
          a first start), refuse a start the server no longer has, send the binlog dump request
          and wait for the server's first answer, so that refusals (purged GTID, missing
@@ -27,12 +27,14 @@ from ..base import Batch, BackendError, Source
 from .changes import ChangeStream
 from .checks import check_server
 from .connection import (
-    ER_MASTER_FATAL_READING_BINLOG, Idle, LinkDead, connect, describe_error,
+    ER_MASTER_FATAL_READING_BINLOG, Idle, LinkDead, connect, describe_error, server_id_clash,
 )
 from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
 from .reader import BinlogReader, StreamEnded
 from .retention import binlog_files, expire_seconds, retention_warning, server_position
-from .scope import scope_from
+from .scope import (SCOPE_SCHEMAS, SCOPE_TABLES, scope_from, scope_warnings,
+                    unmatched_patterns)
+from ..scopewatch import ScopeWatch
 from .settings import settings_from
 
 RETENTION_CHECK_EVERY = 60.0
@@ -93,6 +95,13 @@ class MysqlSource(Source):
         self._last_commit: Any = None
         self._retention_checked = 0.0
         self._retention_cache: Dict[str, Any] = {}
+        self._scope_checked = False
+        self.scope_watch = ScopeWatch(log)
+        self._first_position: Any = None   # the checkpoint of the very first open
+        if (getattr(backend, "options", None) or {}).get("connect_retry_seconds") is not None:
+            self.log.warning("connect_retry_seconds no longer has an effect: an unreachable "
+                             "server is retried for ever (reconnect_max_delay caps the wait); "
+                             "remove it from the backend")
 
     # ------------------------------------------------------------------ open
 
@@ -108,12 +117,22 @@ class MysqlSource(Source):
 
     def _open(self, checkpoint: Optional[Any]) -> None:
         s = self.settings
-        self._conn = connect(s, self.log)
+        self._conn = connect(s)
         facts = check_server(s, self._conn, self.log)
+        if not self._scope_checked:
+            self._scope_checked = True
+            schemas = [str(row[0]) for row in self._query(SCOPE_SCHEMAS)]
+            tables = [(str(row[0]), str(row[1])) for row in self._query(SCOPE_TABLES)]
+            for text in scope_warnings(self.scope, schemas, tables):
+                self.log.warning(f"{s.describe()}: {text}")
+            self.scope_watch.expect(unmatched_patterns(self.scope, tables))
         mariadb = (s.flavor == "mariadb") if s.flavor else facts.mariadb
         self._flavor = MARIADB if mariadb else MYSQL
         gtid_mode = mariadb or (facts.variables.get("gtid_mode", "").upper() == "ON")
-        resume = self._parse_checkpoint(checkpoint)
+        # A reopen before anything was confirmed starts where the first open did, not at a
+        # new end of the binlog: changes made in between would be skipped.
+        resume = self._parse_checkpoint(checkpoint if checkpoint is not None
+                                        else self._first_position)
         if resume is None:
             gtid, file, pos = self._current_end(gtid_mode)
         else:
@@ -127,6 +146,8 @@ class MysqlSource(Source):
                                     log_pos=None if gtid is not None else pos,
                                     scope=self.scope)
         self._await_first_answer()
+        if self._first_position is None:
+            self._first_position = self._changes.checkpoint().to_json()
         self.log.info("mysql stream open", position=self._changes.position,
                       resumed=resume is not None, flavor=self._flavor, server_id=s.server_id)
 
@@ -266,6 +287,7 @@ class MysqlSource(Source):
             raise
         except Exception as exc:
             raise self._stream_error(exc) from exc
+        self.scope_watch.seen(events)
         return Batch(events, changes.checkpoint().to_json())
 
     def _stream_error(self, exc: BaseException) -> BackendError:
@@ -283,6 +305,9 @@ class MysqlSource(Source):
                                 f"the last checkpoint")
         if isinstance(exc, pymysql.err.MySQLError):
             code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+            text = str(exc.args[1]) if len(exc.args) > 1 else ""
+            if "same server_uuid/server_id" in text or "same server_id" in text:
+                return server_id_clash(s, text)
             if code == ER_MASTER_FATAL_READING_BINLOG:
                 position = self._changes.position if self._changes else "?"
                 return BackendError(
@@ -291,12 +316,7 @@ class MysqlSource(Source):
                     f"re-snapshot the tables, or delete the checkpoint file "
                     f"{self._checkpoint_path()} to start from the current end of the binlog, "
                     f"accepting the gap", fatal=True)
-            error = describe_error(s, exc)
-            if not error.fatal and code in (2013, 2006):
-                return BackendError(
-                    f"{error} (if this repeats, another reader may be using server_id "
-                    f"{s.server_id}: every reader of a server needs its own)")
-            return error
+            return describe_error(s, exc)
         if isinstance(exc, OSError):
             return BackendError(f"{who}: connection to {s.address} failed ({exc}); reconnecting "
                                 f"from the last checkpoint")

@@ -7,62 +7,71 @@ built-in table does not know (enums, domains, arrays of them), and to list a tab
 
 from __future__ import annotations
 
+import select
+import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import psycopg2
+import psycopg2.extensions
 
-from ..base import BackendError
+from .errors import connection_error
 from .types import TypeMap
 
 FIRST_USER_OID = 16384  # OIDs below this are built into PostgreSQL
 
 
+# The worker's own queries (checks, slot health, relation and type look-ups) end after this
+# long on the server, so a hung server cannot freeze the worker (it reconnects instead).
+QUERY_TIMEOUT_MS = 15_000
+# A dead network (no RST, no answer) is noticed within about idle + interval * count seconds.
+KEEPALIVES = dict(keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)
+
+
 def connect(options: dict, backend: str, application_name: str):
-    """Open a psycopg2 connection; failures become :class:`BackendError` with the fix."""
+    """Open a psycopg2 connection; failures become :class:`BackendError` with the fix.
+
+    The attempt runs through a Python-level wait (psycopg2's wait callback) bounded by
+    ``connect_timeout``: libpq's own blocking connect would hold off the worker's SIGTERM
+    handler until it gave up, this one lets a stop interrupt it at once.
+    """
     kwargs = dict(host=options.get("host", "127.0.0.1"), port=options.get("port", 5432),
                   user=options.get("user", "postgres"), dbname=options["database"],
-                  connect_timeout=options.get("connect_timeout", 10),
                   application_name=application_name,
-                  options="-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres")
+                  options="-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
+                          f"-c statement_timeout={QUERY_TIMEOUT_MS}", **KEEPALIVES)
     if options.get("password"):
         kwargs["password"] = str(options["password"])
     if options.get("passfile"):
         kwargs["passfile"] = str(options["passfile"])
     if options.get("sslmode"):
         kwargs["sslmode"] = options["sslmode"]
+    deadline = time.monotonic() + float(options.get("connect_timeout") or 10)
+    psycopg2.extensions.set_wait_callback(lambda conn: _wait_until(conn, deadline))
     try:
         conn = psycopg2.connect(**kwargs)
-    except psycopg2.OperationalError as exc:
+    except psycopg2.Error as exc:
         raise connection_error(exc, options, backend) from None
+    finally:
+        # Only the connect: queries later block in libpq, bounded by statement_timeout.
+        psycopg2.extensions.set_wait_callback(None)
     conn.autocommit = True
     return conn
 
 
-def connection_error(exc: Exception, options: dict, backend: str) -> BackendError:
-    """Classify a connection failure: authentication and missing database are fatal."""
-    text = str(exc).strip()
-    where = f'{options.get("host", "127.0.0.1")}:{options.get("port", 5432)}'
-    user = options.get("user", "postgres")
-    db = options.get("database")
-    lowered = text.lower()
-    if "password authentication failed" in lowered or "no password supplied" in lowered \
-            or "authentication failed" in lowered:
-        return BackendError(
-            f'backend "{backend}": PostgreSQL at {where} rejected user "{user}": wrong or missing '
-            f"password; set the backend's password (or passfile) to the role's password",
-            fatal=True)
-    if "does not exist" in lowered and "database" in lowered:
-        return BackendError(
-            f'backend "{backend}": database "{db}" does not exist on {where}; '
-            f"create it or fix the backend's database setting", fatal=True)
-    if "no pg_hba.conf entry" in lowered:
-        return BackendError(
-            f'backend "{backend}": {where} does not allow user "{user}" to connect '
-            f"(pg_hba.conf); add a host line for it, including a 'replication' line", fatal=True)
-    first_line = text.splitlines()[0] if text else type(exc).__name__
-    return BackendError(
-        f'backend "{backend}": cannot reach PostgreSQL at {where}: {first_line}; '
-        f"check that the server runs and the host and port are right (retrying)")
+def _wait_until(conn, deadline: float) -> None:
+    """psycopg2 wait callback: drive the connection's state machine, give up at ``deadline``."""
+    while True:
+        state = conn.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise psycopg2.OperationalError("timeout expired")
+        wait = min(remaining, 1.0)
+        if state == psycopg2.extensions.POLL_READ:
+            select.select([conn.fileno()], [], [], wait)
+        else:
+            select.select([], [conn.fileno()], [], wait)
 
 
 class Catalog:

@@ -220,7 +220,16 @@ def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
 
 def create_slot(conn, *, backend: str, slot: str, plugin: str) -> None:
     try:
-        _one(conn, "SELECT pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+        # Creating a slot waits for the transactions running now to end: not bounded by the
+        # statement_timeout of the worker's other queries (a stop still interrupts it).
+        with conn.cursor() as cur:
+            cur.execute("SET statement_timeout = 0")
+            try:
+                cur.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+            finally:
+                cur.execute("RESET statement_timeout")
+    except psycopg2.OperationalError:
+        raise                     # the connection broke: transient, judged by the caller
     except psycopg2.Error as exc:
         text = (exc.pgerror or str(exc)).strip()
         if "may not be used as an output plugin" in text:

@@ -97,6 +97,15 @@ def filtered_tables(conn, table_filter) -> List[Table]:
     return [(s, t) for s, t in _rows(conn, _CANDIDATE_TABLES) if table_filter.allows(s, t)]
 
 
+def unmatched_includes(conn, include: Sequence[str]) -> List[str]:
+    """The ``include_tables`` patterns that match no table of the database now (each one a
+    backend that silently streams less than its owner thinks)."""
+    from ...filters import TableFilter
+    tables = [tuple(r) for r in _rows(conn, _CANDIDATE_TABLES)]
+    return [pattern for pattern in include
+            if not any(TableFilter(include=(pattern,)).allows(s, t) for s, t in tables)]
+
+
 def tables_without_identity(conn, among: Optional[Sequence[Table]] = None) -> List[Table]:
     """Tables on which UPDATE/DELETE fail once a publication publishes them."""
     found = [tuple(r) for r in _rows(conn, _WITHOUT_IDENTITY)]

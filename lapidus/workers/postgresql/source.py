@@ -12,28 +12,30 @@ Runs in the PostgreSQL worker process, after fork.  The delivery invariant for t
 from __future__ import annotations
 
 import collections
+import datetime
 import time
 from pathlib import Path
 from typing import Any, Deque, List, Optional, Tuple
 
+import psycopg2
+
+from ...events import Event
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
+from ..scopewatch import ScopeWatch
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
-                     retained_wal)
+                     retained_wal, slot_info)
+from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
-                           explain_child_error)
+                           explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 
-RESPAWN_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 SLOT_CHECK_EVERY = 10.0
-# pg_recvlogical deaths that restarting cannot cure
-FATAL_CHILD_ERRORS = ("may not be used as an output plugin", "password authentication failed",
-                      "could not access file", "does not exist")
 
 
 def make_decoder(name: str, catalog: Catalog, table_filter: TableFilter, options: dict, *,
@@ -74,9 +76,10 @@ class PostgresSource(Source):
         # decoded messages not yet fed, each with its size in the spool
         self.decoded: Deque[Tuple[Any, int]] = collections.deque()
         self.assembler: Optional[TransactionAssembler] = None
-        self.deaths = 0
-        self.next_spawn = 0.0
         self.paused_for_cap = False
+        self._gap: Optional[Batch] = None
+        self._scope_checked = False
+        self.scope_watch = ScopeWatch(log)
         self._last_cap_check = 0.0
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
@@ -84,7 +87,25 @@ class PostgresSource(Source):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def target(self) -> str:
+        return f'{self.options.get("host", "127.0.0.1")}:{self.options.get("port", 5432)}'
+
     def open(self, checkpoint: Optional[Any]) -> None:
+        """Connect, check, set up publication and slot, start pg_recvlogical.
+
+        A query that fails on the way is classified (:mod:`.errors`): a lost or refused
+        connection is transient, a missing privilege fatal.
+        """
+        self.decoded.clear()
+        self.paused_for_cap = False
+        self._gap = None
+        try:
+            self._open(checkpoint)
+        except psycopg2.Error as exc:
+            raise query_error(exc, self.options, self.backend.name,
+                              "checking the server and the slot") from None
+
+    def _open(self, checkpoint: Optional[Any]) -> None:
         name = self.backend.name
         app = f"lapidus_{name}"
         self.catalog = Catalog(connect(self.options, name, app))
@@ -93,6 +114,15 @@ class PostgresSource(Source):
         decoder_name = choose_decoder(conn, backend=name, slot=self.slot,
                                       configured=self.options.get("decoder") or "auto")
         check_server(conn, name, decoder_name)
+        if not self._scope_checked:         # once per worker, not at every reconnect
+            self._scope_checked = True
+            unmatched = unmatched_includes(conn, self.backend.include_tables or ())
+            self.scope_watch.expect(unmatched)
+            for pattern in unmatched:
+                self.log.warning(f'include_tables pattern "{pattern}" matches no table of '
+                                 f'database "{self.options["database"]}"; its tables are '
+                                 f"streamed once they exist (a filtered publication needs a "
+                                 f"restart), check the spelling", pattern=pattern)
         checkpoint_path = str(Path(self.state_dir) / "checkpoint.json")
         publication = self.options.get("publication") or f"lapidus_{name}".lower()
         publication_created = False
@@ -107,10 +137,15 @@ class PostgresSource(Source):
             if publication_created:
                 self.log.info("publication created", publication=publication,
                               mode=self.options.get("publication_mode") or "all_tables")
+        recreate = (self.options.get("temporary_slot") and checkpoint is not None
+                    and slot_info(conn, self.slot) is None)
         created = ensure_slot(
             conn, backend=name, slot=self.slot, plugin=decoder_name,
-            database=self.options["database"], has_checkpoint=checkpoint is not None,
+            database=self.options["database"],
+            has_checkpoint=checkpoint is not None and not recreate,
             checkpoint_path=checkpoint_path)
+        if recreate:
+            self._gap = self._gap_batch(checkpoint)
         if created:
             self.log.info("replication slot created", slot=self.slot, plugin=decoder_name)
         elif publication_created:
@@ -134,25 +169,39 @@ class PostgresSource(Source):
             offset = checkpoint["offset"]
         self.reader = SpoolReader(self.spool, start_segment, offset)
         self.assembler = TransactionAssembler(name, checkpoint)
+        try:
+            binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
+        except FileNotFoundError as exc:
+            raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
         self.watch = DirectoryWatch(str(self.spool.directory))
         self.child = RecvLogical(
-            binary=find_pg_recvlogical(self.options.get("pg_recvlogical")), options=self.options,
+            binary=binary, options=self.options,
             slot=self.slot, output=self.spool.active_link,
             plugin_options=self.decoder.plugin_options(),
             log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
         self._repair_tail()
         self._spawn()
 
+    def suspend(self) -> None:
+        """Before a reconnect: let go of the server but keep a temporary slot (it still
+        holds the position the reconnect resumes from)."""
+        self._release(drop_temporary=False)
+
     def close(self) -> None:
+        self._release(drop_temporary=True)
+
+    def _release(self, *, drop_temporary: bool) -> None:
         if self.child:
             self.child.stop()
             self.child = None
         if self.reader:
             self.reader.close()
+            self.reader = None
         if self.watch:
             self.watch.close()
+            self.watch = None
         if self.catalog:
-            if self.options.get("temporary_slot"):
+            if drop_temporary and self.options.get("temporary_slot"):
                 self._drop_temporary_objects()
             self.catalog.close()
             self.catalog = None
@@ -170,9 +219,44 @@ class PostgresSource(Source):
             self.log.warning("could not drop the temporary slot", slot=self.slot,
                              error=str(exc))
 
+    def _gap_batch(self, checkpoint: dict) -> Batch:
+        """``temporary_slot``: the slot went with the last stop; a new one starts from now.
+
+        What was committed while no slot existed is not streamed: one ``gap`` event says so
+        (docs/postgresql.md), and the spool still delivers what it held.
+        """
+        last = checkpoint.get("last_lsn") or 0
+        from .decoding import format_lsn
+        position = format_lsn(last) if isinstance(last, int) else str(last)
+        self.log.warning("temporary replication slot created again; changes made while none "
+                         "existed are not streamed (a gap event says so)", slot=self.slot,
+                         lost_after=position)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        gap = Event(
+            id=f"{self.backend.name}:{position}:gap", type="gap", backend=self.backend.name,
+            schema=None, table=None, pk=None,
+            item={"reason": "temporary_slot", "lost_after": position,
+                  "message": f'the temporary slot "{self.slot}" was dropped at the last stop '
+                             f"and created again; changes committed in between are missing"},
+            before=None, position=position, txid=None,
+            ts=now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z")
+        return Batch([gap], checkpoint)
+
     # -- reading --------------------------------------------------------------------------
 
     def read(self, max_events: int, timeout: float) -> Batch:
+        if self._gap is not None:
+            gap, self._gap = self._gap, None
+            return gap
+        try:
+            batch = self._read(max_events, timeout)
+            self.scope_watch.seen(batch.events)
+            return batch
+        except psycopg2.Error as exc:     # a catalog look-up by the decoder
+            raise query_error(exc, self.options, self.backend.name,
+                              "looking up a table or type") from None
+
+    def _read(self, max_events: int, timeout: float) -> Batch:
         deadline = time.monotonic() + timeout
         events: List = []
         while True:
@@ -269,7 +353,12 @@ class PostgresSource(Source):
         self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
 
     def _supervise_child(self) -> None:
-        """Respawn a dead pg_recvlogical; rotate the spool; pause at the spool cap."""
+        """Notice a dead pg_recvlogical; rotate the spool; pause at the spool cap.
+
+        A death is raised, classified (:func:`.errors.child_error`): the worker loop waits
+        out a transient one and opens the source again, which respawns the child after
+        cutting a half-written tail (no retry loop of its own here).
+        """
         now = time.monotonic()
         if now - self._last_cap_check >= 1.0:
             self._last_cap_check = now
@@ -277,33 +366,24 @@ class PostgresSource(Source):
         code = self.child.exit_code()
         if code is None and self.child.proc is not None:
             return
-        if self.paused_for_cap or now < self.next_spawn:
+        if self.paused_for_cap:
             return
         if self.child.proc is not None:
             self._child_died(code)
             return
-        self._repair_tail()
+        self._repair_tail()          # resuming after a pause for the spool cap
         self._spawn()
 
     def _child_died(self, code: int) -> None:
         errors = self.child.recent_errors()
-        last = errors.splitlines()[-1] if errors else ""
         self.child.proc = None
         explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot)
         if explained:
             raise BackendError(explained, fatal=True)
-        for marker in FATAL_CHILD_ERRORS:
-            if marker in errors:
-                reason = next((line for line in reversed(errors.splitlines())
-                               if marker in line), last)
-                raise BackendError(
-                    f'backend "{self.backend.name}": pg_recvlogical failed: {reason.strip()}',
-                    fatal=True)
-        delay = RESPAWN_BACKOFF[min(self.deaths, len(RESPAWN_BACKOFF) - 1)]
-        self.deaths += 1
-        self.next_spawn = time.monotonic() + delay
-        self.log.warning("pg_recvlogical exited; restarting", exit_code=code, error=last,
-                         restart_in=delay)
+        error = child_error(errors, self.options, self.backend.name)
+        self.log.warning("pg_recvlogical exited", exit_code=code, error=str(error),
+                         fatal=error.fatal)
+        raise error
 
     def _repair_tail(self) -> None:
         """Cut a frame that a dying pg_recvlogical left half-written in the newest segment."""
@@ -345,8 +425,6 @@ class PostgresSource(Source):
             self.spool.rotate(create=paused)
             if running:
                 self.child.reopen_output()
-        if self.child.running():
-            self.deaths = 0 if time.monotonic() - self.next_spawn > 30 else self.deaths
         cap = int(self.options.get("spool_max_bytes", 1 << 30))
         total = self.spool.size_bytes()
         if total >= cap and not self.paused_for_cap:

@@ -1,0 +1,337 @@
+"""The worker's own waiting for an unreachable database (lapidus/workers/waiting.py and the
+WorkerLoop around it), the classification of PostgreSQL errors, and the delivery-lag metric.
+
+No database and no processes: a fake source, a fake dispatcher link, a fake clock.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, List, Optional
+
+import psycopg2
+import pytest
+import structlog
+
+from lapidus.events import Event
+from lapidus.workers import runner
+from lapidus.workers.base import BackendError, Batch, Source
+from lapidus.workers.postgresql import errors as pg_errors
+from lapidus.workers.waiting import StopGate, StopRequested, Waiter
+
+LOG = structlog.get_logger()
+OPTIONS = {"host": "db.example", "port": 5433, "user": "cdc", "database": "shop"}
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+@pytest.mark.parametrize("text,fatal,needle", [
+    ('connection to server at "db.example", port 5433 failed: FATAL:  role "cdc" does not '
+     'exist', True, 'has no role "cdc"'),
+    ('FATAL:  password authentication failed for user "cdc"', True, "wrong or missing password"),
+    ('FATAL:  database "shop" does not exist', True, 'database "shop" does not exist'),
+    ('FATAL:  no pg_hba.conf entry for host "10.0.0.1", user "cdc"', True, "pg_hba.conf"),
+    ('FATAL:  permission denied for database "shop"', True, "lacks a privilege"),
+    ('connection to server at "db.example", port 5433 failed: Connection refused\n\tIs the '
+     'server running on that host and accepting TCP/IP connections?', False,
+     "cannot reach PostgreSQL at db.example:5433: connection to server"),
+    ("timeout expired", False, "cannot reach PostgreSQL"),
+    ("FATAL:  sorry, too many clients already", False, "cannot reach"),
+    ("FATAL:  remaining connection slots are reserved for non-replication superuser "
+     "connections", False, "refuses more connections"),
+    ("FATAL:  the database system is starting up", False, "starting or stopping"),
+    ("FATAL:  the database system is shutting down", False, "starting or stopping"),
+    ('could not translate host name "db.exmaple" to address', False, "DNS"),
+])
+def test_postgresql_connection_errors_are_classified(text, fatal, needle):
+    error = pg_errors.connection_error(psycopg2.OperationalError(text), OPTIONS, "shop")
+    assert error.fatal is fatal, error
+    assert needle in str(error), error
+    assert str(error).startswith('backend "shop": ')
+    assert "\n" not in str(error)
+
+
+class FakePgError(psycopg2.Error):
+    def __init__(self, text, code):
+        super().__init__(text)
+        self._text, self._code = text, code
+
+    @property
+    def pgerror(self):
+        return self._text
+
+    @property
+    def pgcode(self):
+        return self._code
+
+
+@pytest.mark.parametrize("text,code,fatal,needle", [
+    ("ERROR:  permission denied for table orders", "42501", True, "lacks a privilege"),
+    ("ERROR:  relation \"x\" does not exist", "42P01", True, "SQLSTATE 42P01"),
+    ("ERROR:  canceling statement due to statement timeout", "57014", False, "timed out"),
+    ("FATAL:  terminating connection due to administrator command", "57P01", False,
+     "lost the connection"),
+    ("server closed the connection unexpectedly", None, False, "lost the connection"),
+])
+def test_postgresql_query_errors_are_classified(text, code, fatal, needle):
+    error = pg_errors.query_error(FakePgError(text, code), OPTIONS, "shop", "checking")
+    assert error.fatal is fatal and needle in str(error), error
+
+
+@pytest.mark.parametrize("log,fatal,needle", [
+    ("pg_recvlogical: error: could not receive data from WAL stream: server closed the "
+     "connection unexpectedly\npg_recvlogical: error: disconnected", False,
+     "lost its connection to PostgreSQL at db.example:5433: pg_recvlogical: error: could not "
+     "receive data"),
+    ('pg_recvlogical: error: connection to server at "db.example" (10.0.0.1), port 5433 '
+     'failed: Connection refused', False, "reconnecting"),
+    ('pg_recvlogical: error: connection to server failed: FATAL:  role "cdc" does not exist',
+     True, 'has no role "cdc"'),
+    ('pg_recvlogical: error: could not send replication command "START_REPLICATION": ERROR:  '
+     'replication slot "lapidus_shop" does not exist', True, "dropped while Lapidus streamed"),
+    ("", False, "exited without a message"),
+])
+def test_pg_recvlogical_deaths_are_classified(log, fatal, needle):
+    error = pg_errors.child_error(log, OPTIONS, "shop")
+    assert error.fatal is fatal and needle in str(error), error
+
+
+# ----------------------------------------------------------------------------- the waiter
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+        self.slept: List[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def make_waiter(maximum=4.0):
+    clock = Clock()
+    reports: List[tuple] = []
+    waiter = Waiter(maximum=maximum, report=lambda kind, **f: reports.append((kind, f)),
+                    log=LOG, gate=StopGate(), clock=clock, sleep=clock.sleep)
+    waiter.backoff.jitter = 0.0
+    return waiter, clock, reports
+
+
+def test_waiting_reports_at_once_and_every_second_with_capped_doubling_delays():
+    waiter, clock, reports = make_waiter(maximum=4.0)
+    error = BackendError("cannot reach PostgreSQL at db:5432")
+    delays = []
+    for _ in range(6):
+        before = clock.now
+        assert waiter.wait(error, "db:5432") is True
+        delays.append(clock.now - before)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert max(clock.slept) <= 1.0                 # a report at least every second
+    assert reports[0] == ("waiting", {"target": "db:5432", "since": waiter.since,
+                                      "error": str(error)})
+    assert len(reports) >= sum(delays)            # about one a second, plus one at once
+    since = waiter.since
+    assert all(f["since"] == since for _, f in reports)   # one wait, one start time
+    waiter.connected()
+    assert not waiter.waiting
+
+
+def test_backoff_starts_over_only_after_a_connection_that_lasted():
+    waiter, clock, _ = make_waiter(maximum=4.0)
+    error = BackendError("down")
+    for _ in range(3):
+        waiter.wait(error, "db")
+    waiter.connected()
+    waiter.lost(error, "db")              # dropped at once: still slow
+    assert waiter.backoff.peek() == 4.0
+    assert waiter.waiting
+    waiter.connected()
+    clock.now += 60
+    waiter.lost(error, "db")              # it had worked for a minute
+    assert waiter.backoff.peek() == 0.5
+
+
+def test_a_fatal_error_is_not_waited_for():
+    waiter, _, reports = make_waiter()
+    with pytest.raises(BackendError):
+        waiter.wait(BackendError("wrong password", fatal=True), "db")
+    assert reports == []
+
+
+def test_stop_while_waiting_ends_the_wait():
+    waiter, clock, _ = make_waiter()
+
+    def sleep(seconds):
+        waiter.gate.request()             # SIGTERM arrives during the sleep
+
+    waiter.sleep = sleep
+    assert waiter.wait(BackendError("down"), "db") is False
+    assert waiter.gate.stopping
+
+
+def test_stop_gate_interrupts_only_inside_blocking_sections():
+    gate = StopGate()
+    gate.request()                        # outside: only the flag
+    assert gate.stopping
+    gate = StopGate()
+    with pytest.raises(StopRequested):
+        with gate.blocking():
+            gate.request()
+    gate.request()                        # after the section: no exception any more
+    with pytest.raises(StopRequested):    # and a new section refuses to start
+        with gate.blocking():
+            pass
+
+
+# ----------------------------------------------------------------------------- WorkerLoop
+
+def event(n: int, ts: str) -> Event:
+    return Event(id=f"b:{n}:0", type="insert", backend="b", schema="s", table="t",
+                 pk={"id": n}, item={"id": n}, before=None, position=str(n), txid=None, ts=ts)
+
+
+class FakeLink:
+    """The dispatcher: confirms batches when the test says so."""
+
+    instances: List["FakeLink"] = []
+
+    def __init__(self, path, name, config=None):
+        self.sent: List[int] = []
+        self.confirm_up_to: Optional[int] = None
+        FakeLink.instances.append(self)
+
+    def send_batch(self, seq, records):
+        self.sent.append(seq)
+
+    def acks(self, timeout):
+        return self.confirm_up_to
+
+    def close(self):
+        pass
+
+
+class FlakySource(Source):
+    """Reads events 1, 2, 3 ...; the connection breaks once after ``break_after`` reads and
+    the first reopen is refused (the server is still down)."""
+
+    def __init__(self, backend, state_dir, log, loop_ref):
+        super().__init__(backend, state_dir, log)
+        self.opened_at: List[Any] = []
+        self.position = 0
+        self.reads = 0
+        self.loop_ref = loop_ref
+        self.refuse = 0
+
+    def open(self, checkpoint):
+        if self.refuse:
+            self.refuse -= 1
+            raise BackendError("cannot reach the server at db:1 (retrying)")
+        self.opened_at.append(checkpoint)
+        self.position = checkpoint or 0
+
+    def read(self, max_events, timeout):
+        self.reads += 1
+        loop = self.loop_ref[0]
+        if self.reads == 3:
+            self.refuse = 1
+            raise BackendError("the connection to db:1 was lost")
+        if self.reads > 8:
+            loop.request_stop()
+            return Batch()
+        self.position += 1
+        return Batch([event(self.position, "2020-01-01T00:00:00.000Z")], self.position)
+
+    def close(self):
+        pass
+
+
+def make_loop(tmp_path: Path, monkeypatch, source_factory):
+    FakeLink.instances.clear()
+    monkeypatch.setattr(runner, "DispatcherLink", FakeLink)
+    ref: List[Any] = []
+    monkeypatch.setattr(runner, "make_source", lambda b, d, log: source_factory(b, d, log, ref))
+    reports: List[tuple] = []
+    status = SimpleNamespace(send=lambda message: reports.append(message))
+    backend = SimpleNamespace(name="b", type="fake",
+                              options={"reconnect_max_delay": 0.01, "host": "db", "port": 1})
+    loop = runner.WorkerLoop(backend, tmp_path, "sock", status, LOG)
+    loop.waiter.sleep = lambda seconds: None
+    loop.drain_timeout = 0.05
+    ref.append(loop)
+    return loop, reports
+
+
+def test_a_lost_connection_reopens_from_the_confirmed_checkpoint_on_the_same_link(
+        tmp_path, monkeypatch):
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = FlakySource(b, d, log, ref)
+        return source
+
+    loop, reports = make_loop(tmp_path, monkeypatch, factory)
+    original = FakeLink.acks
+
+    def acks(self, timeout):
+        # the sinks confirm batch 1 only; batch 2 is still in flight when the link breaks
+        return 1 if self.sent else None
+
+    monkeypatch.setattr(FakeLink, "acks", acks)
+    assert loop.run() == 0
+    monkeypatch.setattr(FakeLink, "acks", original)
+    assert len(FakeLink.instances) == 1                 # one link across the reconnect
+    # first open from nothing, then (after one refused attempt) from the confirmed 1
+    assert source.opened_at == [None, 1]
+    kinds = [kind for kind, _ in reports]
+    assert kinds.index("waiting") < len(kinds) - 1
+    assert kinds.count("ready") == 2
+    assert "error" not in kinds                          # no crash reported
+    waiting = [f for kind, f in reports if kind == "waiting"]
+    assert all(f["target"] == "db:1" for f in waiting)
+    assert loop.store.load() is not None
+
+
+def test_lag_is_the_age_of_the_oldest_unconfirmed_event_under_steady_load(tmp_path,
+                                                                        monkeypatch):
+    loop, _ = make_loop(tmp_path, monkeypatch, lambda b, d, log, ref: None)
+    link = FakeLink("sock", "b")
+    old = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - 100))
+    new = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - 2))
+    loop.inflight.extend([(1, 1, old), (None, 2, None), (2, 3, new)])
+    assert loop.oldest_unconfirmed_ts == old
+    link.confirm_up_to = 1                   # batch 1 confirmed, batch 2 still in flight
+    loop._take_acks(link, 0)
+    assert loop.oldest_unconfirmed_ts == new  # not the first batch's time for ever
+    assert 1 <= runner._age(loop.oldest_unconfirmed_ts) < 60
+    link.confirm_up_to = 2
+    loop._take_acks(link, 0)
+    assert loop.oldest_unconfirmed_ts is None and runner._age(None) == 0.0
+
+
+# ----------------------------------------------------------------------------- MongoDB
+
+@pytest.mark.parametrize("make,fatal,needle", [
+    (lambda e: e.ServerSelectionTimeoutError("127.0.0.1:27017: [Errno 111] Connection refused"),
+     False, "cannot reach MongoDB at db:27017"),
+    (lambda e: e.AutoReconnect("connection closed"), False, "cannot reach MongoDB"),
+    (lambda e: e.NetworkTimeout("timed out"), False, "cannot reach MongoDB"),
+    (lambda e: e.OperationFailure("The server is in quiesce mode and will shut down", 91),
+     False, "(code 91)"),
+    (lambda e: e.OperationFailure("Authentication failed.", 18), True, "rejected the credentials"),
+    (lambda e: e.OperationFailure("not authorized on shop", 13), True, "grant it the role"),
+])
+def test_mongodb_errors_are_classified(make, fatal, needle):
+    from pymongo import errors as pymongo_errors
+
+    from lapidus.workers.mongo import errors as mongo_errors
+    from lapidus.workers.mongo.settings import MongoSettings
+
+    settings = MongoSettings.from_options("cms", {"host": "db", "user": "u", "password": "pw"})
+    error = mongo_errors.describe(settings, make(pymongo_errors), "reading changes")
+    assert error.fatal is fatal and needle in str(error), error
