@@ -50,12 +50,18 @@ class NatsSink(Sink):
     async def start(self) -> None:
         """Start connecting in the background; returns at once (NATS may be down)."""
         # nats-py is imported here, not at module level, so validation works without it.
+        from .compat import check_client
         from .connection import Connection
         from .core import CorePublisher
         from .jetstream import JetStreamPublisher
 
         s = self.settings
-        self.connection = Connection(s, self.backend, self.log)
+        connection = Connection(s, self.backend, self.log)
+        # Before anything connects: a nats-py without the internals the delivery guarantee
+        # rests on is refused (UnsupportedNatsPy, naming the supported versions), here and
+        # again at every batch, rather than used unsafely.
+        check_client(connection.nc)
+        self.connection = connection
         if s.jetstream:
             self.publisher = JetStreamPublisher(self.connection, self.backend,
                                                 s.max_pending_acks, s.ack_timeout,

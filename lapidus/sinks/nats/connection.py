@@ -298,10 +298,7 @@ class Connection:
         head may have died in the old socket, so replaying it would deliver later changes
         before earlier ones (and JetStream would store them in that order).  The publishers
         resend every unconfirmed message of the batch, in order, instead.  ``_pending`` is
-        nats-py's private buffer (checked against nats-py 2.16); if it is ever renamed this
-        does nothing and only the order guarantee across reconnects weakens.
+        nats-py's private buffer; :mod:`.compat` checked at start that the client has it.
         """
-        pending = getattr(self.nc, "_pending", None)
-        if isinstance(pending, list):
-            pending.clear()
-            self.nc._pending_data_size = 0
+        self.nc._pending.clear()
+        self.nc._pending_data_size = 0
