@@ -22,6 +22,7 @@ from ...events import Record
 from ..base import Sink
 from .messages import MessageBuilder
 from .options import NatsOptions, validate
+from .refusals import Refusal, undeliverable
 
 if TYPE_CHECKING:      # nats-py is imported lazily: validation must work without it
     from .connection import Connection
@@ -99,7 +100,11 @@ class NatsSink(Sink):
                 # that this batch's delivery reports the reason and is retried.
                 task = self._preparing = asyncio.ensure_future(self._prepare())
             await asyncio.shield(task)
-        await self.publisher.publish(self.messages.build(records))
+        messages = self.messages.build(records)
+        try:
+            await self.publisher.publish(messages)
+        except Refusal as refusal:
+            raise undeliverable(refusal, records) from None
 
     def health(self) -> Optional[Dict[str, Any]]:
         if self.connection is None:
