@@ -21,7 +21,7 @@ from ... import logs
 from ...events import Record
 from ..base import Sink
 from .messages import MessageBuilder
-from .options import NatsOptions, validate
+from .options import NatsOptions, plaintext_credentials, validate
 from .refusals import Refusal, undeliverable
 
 if TYPE_CHECKING:      # nats-py is imported lazily: validation must work without it
@@ -63,6 +63,7 @@ class NatsSink(Sink):
         # again at every batch, rather than used unsafely.
         check_client(connection.nc)
         self.connection = connection
+        self._warn_plaintext_credentials()
         if s.jetstream:
             self.publisher = JetStreamPublisher(self.connection, self.backend,
                                                 s.max_pending_acks, s.ack_timeout,
@@ -73,6 +74,16 @@ class NatsSink(Sink):
         # Connect and prepare in the background from now on: the first batch need not wait.
         self._preparing = asyncio.ensure_future(self._prepare())
         self._preparing.add_done_callback(self._report_prepare_failure)
+
+    def _warn_plaintext_credentials(self) -> None:
+        """Credentials over nats:// or ws:// to another host can be read on the network
+        (unless that server requires TLS, which nats-py then uses): say so once, at start."""
+        kinds, servers = plaintext_credentials(self.settings)
+        if servers:
+            self.log.warning("nats credentials go to a remote server over a plain-text "
+                             "connection", credentials=kinds, servers=servers,
+                             fix="use tls:// (or wss://) URLs, with tls_ca_file if the "
+                                 "server's certificate is not publicly trusted")
 
     def _report_prepare_failure(self, task: "asyncio.Future") -> None:
         """Say at start-up already what will stop the first delivery (the batch then retries
