@@ -90,7 +90,9 @@ def undeliverable(refusal: Refusal, records: Sequence[Record]) -> UndeliverableE
     """``refusal`` as the record's UndeliverableError: its index, event id, table and size."""
     index = refusal.message.record
     record = records[index]
-    table = ".".join(part for part in (record.schema, record.table) if part) or "(none)"
-    reason = (f"event {record.id} of table {table} ({len(record.data)} bytes of JSON): "
-              f"{refusal.problem}")
+    if record.table:
+        where = "of table " + ".".join(p for p in (record.schema, record.table) if p)
+    else:
+        where = f"({record.type}, no table)"
+    reason = f"event {record.id} {where} ({len(record.data)} bytes of JSON): {refusal.problem}"
     return UndeliverableError(index, reason, refusal.fix)
