@@ -101,3 +101,25 @@ def test_a_subject_without_publish_permission_is_undeliverable(private_nats, tmp
         assert 'permissions violation for publish to "cdc.billing.t.1"' in error.reason.lower()
         assert "event shop:0/1:1 of table billing.t" in error.reason
     assert "permissions" in error.fix and SECRET not in str(error)
+
+
+def test_an_event_over_the_streams_max_msg_size_is_undeliverable(private_nats):
+    private_nats.start()
+    from tests.integration.nats_fixtures import run
+    import nats
+
+    async def small_stream():
+        nc = await nats.connect(private_nats.url)
+        try:
+            await nc.jetstream().add_stream(name="SMALLMSG", subjects=["cdc.>"],
+                                            max_msg_size=1024)
+        finally:
+            await nc.close()
+    run(small_stream())
+    options = {"servers": [private_nats.url], "subject_prefix": "cdc", "jetstream": True,
+               "ack_timeout": 1}
+    batch = [record(1), record(2, size=2000), record(3)]
+    error = asyncio.run(refused_batch(options, [record(0)], batch))
+    assert error.index == 1
+    assert "event shop:0/1:2 of table public.t" in error.reason
+    assert "10054" in error.reason and "max_msg_size" in error.fix

@@ -35,10 +35,12 @@ from ..base import SinkError
 from .connection import Connection, ConnectionLost
 from .core import YIELD_EVERY, first_of, raise_if_refused, round_trip, write_connected
 from .messages import Message
-from .refusals import check_sizes, too_large
+from .refusals import Refusal, check_sizes, too_large
 from .wire import Wire
 
 MAX_STALLS = 3
+#: JetStream's err_code for a message over the stream's max_msg_size
+STREAM_MESSAGE_TOO_LARGE = 10054
 _NO_RESPONDERS = "503"
 
 
@@ -269,6 +271,12 @@ class JetStreamPublisher:
                                                         if headers else "")}
         description = error.get("description", "unknown error")
         code = error.get("err_code", error.get("code", "?"))
+        if code == STREAM_MESSAGE_TOO_LARGE:
+            # The stream's max_msg_size: as permanent as the server's max_payload.
+            return Refusal(message, f'JetStream refused it on subject "{subject}": '
+                                    f"{description} (error {code})",
+                           "raise the stream's max_msg_size (`nats stream edit --max-msg-size`), "
+                           "or set publish_event_data = false")
         return SinkError(f'JetStream refused event {message.msg_id} on subject "{subject}": '
                          f"{description} (error {code}); the batch will be sent again. Check "
                          f"the stream's limits and subjects (`nats stream info`)")
