@@ -104,5 +104,11 @@ class StdoutSink(Sink):
         # A blocking write of at most PIPE_BUF bytes to a pipe writes all or nothing; the loop
         # is for longer pieces (files, and a single line over PIPE_BUF).
         while view:
-            written = os.write(self.fd, view)
+            try:
+                written = os.write(self.fd, view)
+            except BlockingIOError:
+                # Someone sharing the descriptor made it non-blocking: wait for room.  (A
+                # non-blocking write of at most PIPE_BUF is still all or nothing.)
+                select.select([], [self.fd], [])
+                continue
             view = view[written:]

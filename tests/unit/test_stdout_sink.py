@@ -69,6 +69,33 @@ def test_a_file_gets_every_line(tmp_path):
     assert path.read_bytes() == b'{"n":0}\n{"n":1}\n{"n":2}\n'
 
 
+def test_a_non_blocking_pipe_gets_every_line_too():
+    """A descriptor another process made non-blocking: a full pipe is waited on, not an
+    error."""
+    import threading
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    recs = [Record(f"pg:0/1:{n}", "insert", "public", "t", (str(n),), "0/1",
+                   b'{"n":%06d,"p":"%s"}' % (n, b"x" * 280)) for n in range(1000)]
+    received = []
+
+    def reader():
+        while True:
+            chunk = os.read(read_fd, 1000)
+            if not chunk:
+                return
+            received.append(chunk)
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        asyncio.run(StdoutSink({"fd": write_fd}, "*").send(recs))
+    finally:
+        os.close(write_fd)
+        thread.join(30)
+        os.close(read_fd)
+    assert b"".join(received) == b"".join(r.data + b"\n" for r in recs)
+
+
 # A "dispatcher": writes one batch of BATCH lines of LINE bytes (newline included) through the
 # sink into a pipe whose reader is paused.  LINE does not divide the pipe's 64 KiB, so
 # one large write would stop in the middle of a line when the pipe fills.
