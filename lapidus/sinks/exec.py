@@ -147,6 +147,7 @@ class ExecSink(Sink):
             raise SinkError(f"exec: {self.last_error}; check the command option "
                             f"(retrying)") from None
         self.down_since = None
+        self.last_stderr = ""       # this run's, for describing how it ends
         # Limit 0: drain() returns only when asyncio has handed everything to the kernel.
         self.proc.stdin.transport.set_write_buffer_limits(high=0)
         self.started_at = time.monotonic()
