@@ -204,10 +204,12 @@ class ExecSink(Sink):
                          restart_in=round(max(0.0, self.next_start - time.monotonic()), 2))
 
     def _note_exit(self) -> None:
-        """The command is seen to have ended (health() or the next batch): down from now."""
+        """The command is seen to have ended (health() or the next batch): down from now.
+        The description is renewed at each call: its last stderr line may still be on the
+        way through the reader task when the exit is first seen."""
         if self.down_since is None:
             self.down_since = time.monotonic()
-            self.last_error = describe_exit(self.proc.returncode, self.last_stderr)
+        self.last_error = describe_exit(self.proc.returncode, self.last_stderr)
 
     def health(self) -> Optional[Dict[str, Any]]:
         """``connected``: the command runs; ``down_seconds``: since when it does not;
