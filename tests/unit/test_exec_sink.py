@@ -237,7 +237,9 @@ def test_health_shows_a_command_that_keeps_exiting(tmp_path):
         assert sink.health() is None                      # not started before the first batch
         await sink.send(recs(1))
         running = sink.health()
-        await wait_for(lambda: sink.health()["connected"] is False)
+        # down; the stderr line may reach its reader task a moment after the exit is seen
+        await wait_for(lambda: sink.health()["connected"] is False
+                       and "last stderr" in sink.health()["last_error"])
         down = sink.health()
         await sink.send(recs(2))                          # noticed dead: restarted
         after = sink.health()
