@@ -327,8 +327,12 @@ def test_an_exec_command_that_keeps_exiting_shows_in_status(lapidus_factory, pg_
     pg_db.sql("INSERT INTO t VALUES (1)")
     # The batch is written to one of its runs (confirmed); that run exits too, and with no
     # further batch the command stays down.
-    row = wait_until(lambda: (lambda r: r if r.get("sinks", {}).get("exec", {}).get(
-        "connected") is False else None)(backend_status(proc.config_path)), 60,
+    def down(row):
+        state = row.get("sinks", {}).get("exec", {})
+        # (the stderr line may reach the description a moment after the exit)
+        return state.get("connected") is False and "stderr" in (state.get("last_error") or "")
+    row = wait_until(lambda: (lambda r: r if down(r) else None)(
+        backend_status(proc.config_path)), 60,
         message=f"the exec sink down in status; log:\n{proc.log()[-2000:]}")
     state = row["sinks"]["exec"]
     assert state["last_error"] == "exited with code 3 (last stderr: no consumer)"
