@@ -40,6 +40,8 @@ def test_a_missing_internal_stops_the_sink_at_start_with_the_fix(monkeypatch, mi
         # every batch says the same, as a SinkError the dispatcher reports and retries
         with pytest.raises(compat.UnsupportedNatsPy):
             await sink.send([])
+        state = sink.health()            # lapidusctl status shows it
+        assert state["connected"] is False and "lacks internals" in state["last_error"]
         await sink.close()
         return str(info.value)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Union
 
 from ... import logs
 from ...events import Record
-from ..base import Sink
+from ..base import Sink, SinkError
 from .messages import MessageBuilder
 from .options import NatsOptions, plaintext_credentials, validate
 from .refusals import Refusal, undeliverable
@@ -42,6 +42,7 @@ class NatsSink(Sink):
         self.connection: Optional["Connection"] = None
         self.publisher: Optional[Union["CorePublisher", "JetStreamPublisher"]] = None
         self._prepared = False
+        self._start_error: Optional[str] = None     # why start() refused (for health)
         self._preparing: Optional[asyncio.Future] = None
 
     @classmethod
@@ -61,7 +62,11 @@ class NatsSink(Sink):
         # Before anything connects: a nats-py without the internals the delivery guarantee
         # rests on is refused (UnsupportedNatsPy, naming the supported versions), here and
         # again at every batch, rather than used unsafely.
-        check_client(connection.nc)
+        try:
+            check_client(connection.nc)
+        except SinkError as exc:
+            self._start_error = str(exc)
+            raise
         self.connection = connection
         self._warn_plaintext_credentials()
         if s.jetstream:
@@ -119,7 +124,7 @@ class NatsSink(Sink):
 
     def health(self) -> Optional[Dict[str, Any]]:
         if self.connection is None:
-            return {"connected": False, "down_seconds": None}
+            return {"connected": False, "down_seconds": None, "last_error": self._start_error}
         return self.connection.health()
 
     async def close(self) -> None:
