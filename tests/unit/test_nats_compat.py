@@ -47,7 +47,7 @@ def test_a_missing_internal_stops_the_sink_at_start_with_the_fix(monkeypatch, mi
 
     message = asyncio.run(start())
     assert issubclass(compat.UnsupportedNatsPy, SinkError)
-    assert f"lacks internals" in message and missing in message
+    assert "lacks internals" in message and missing in message
     assert compat.SUPPORTED in message and "pip install 'nats-py~=2.16.0'" in message
 
 

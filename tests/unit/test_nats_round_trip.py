@@ -10,7 +10,6 @@ import re
 import socket
 from typing import Callable, List, Optional
 
-import nats.errors
 import pytest
 
 from lapidus.events import Record
