@@ -8,8 +8,11 @@ While NATS is unreachable ``send`` waits (and logs every 30 s); it never drops a
 memory is one batch plus at most ``max_pending_acks`` unacknowledged messages.
 
 Modules: ``options`` (validation, no nats-py import: ``lapidus -t`` works without it),
-``messages`` (records -> subjects, payloads, headers), ``connection``, ``core``,
-``jetstream``, ``stream``.  Options and subjects are documented in docs/sinks.md.
+``messages`` (records -> subjects, payloads, headers), ``compat`` (the nats-py internals the
+sink needs, checked at start), ``connection``, ``wire`` (writes and confirms through those
+internals), ``core``, ``jetstream``, ``stream``, ``refusals`` (what the server refuses for good
+-> :class:`lapidus.sinks.base.UndeliverableError` for the record).  Options and subjects are
+documented in docs/sinks.md.
 """
 
 from __future__ import annotations
