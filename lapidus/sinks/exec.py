@@ -2,7 +2,9 @@
 
 The original Lapidus's "piping line-delimited JSON to other processes".  Runs in the dispatcher
 process, inside its asyncio loop; one command per backend (``shared = False``), started when
-the backend's first batch comes, with ``LAPIDUS_BACKEND`` in its environment.
+the backend's first batch comes.  Its environment holds only what the configuration names
+(:mod:`.exec_env`): ``PATH``, ``HOME``, ``LANG``, ``LC_*``, the ``pass_env`` names, the ``env``
+values and ``LAPIDUS_BACKEND``; never the rest of Lapidus's environment, which may hold secrets.
 
 Contract: :meth:`ExecSink.send` returns once the batch's lines are written into the pipe
 (asyncio's buffer drained to the kernel: the write buffer limit is 0, so ``drain()`` means
@@ -13,9 +15,12 @@ limit: lines already confirmed but still in the pipe buffer (at most 64 KiB) whe
 dies are lost to it; a consumer that must not lose any should deduplicate by ``id`` and ask for
 replays from its own checkpoint (or use NATS JetStream).
 
-The command's standard error, and its standard output, go to Lapidus's log line by line with
-the backend name (standard output is the event stream of ``--stdout`` and must stay clean).
-On close, standard input is closed (end of input), then TERM, then KILL to its process group.
+The command's standard error goes to Lapidus's log line by line at info, with the backend
+name; its standard output at debug (a consumer that echoes its input would otherwise copy row
+data into the journal).  Neither may reach Lapidus's own standard output, the event stream of
+``--stdout``.  On close, standard input is closed (end of input), then TERM, then KILL to its
+process group.  :meth:`ExecSink.health` says whether the command runs, since when it does not,
+and how it last ended, for ``lapidusctl status`` and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import logs
+from ..backoff import Backoff
 from ..events import Record
 from ..procutil import die_with_parent
 from ..settings import suggest
+from . import exec_env
 from .base import Sink, SinkError
 
-OPTIONS = ("command", "restart_backoff")
+OPTIONS = ("command", "restart_backoff", "pass_env", "env")
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 10.0       # a run this long resets the backoff
 STOP_GRACE = 5.0
@@ -43,6 +50,20 @@ LINE_LIMIT = 1 << 20      # longer output lines are logged in pieces
 def argv_of(command: Any) -> List[str]:
     """A list is the argv itself; a string runs through ``/bin/sh -c``."""
     return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+def describe_exit(code: Optional[int], last_stderr: str = "") -> str:
+    """``exited with code 3``, ``killed by SIGKILL``, with its last line of standard error."""
+    if code is None:
+        text = "stopped"
+    elif code < 0:
+        try:
+            text = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            text = f"killed by signal {-code}"
+    else:
+        text = f"exited with code {code}"
+    return f"{text} (last stderr: {last_stderr})" if last_stderr else text
 
 
 class ExecSink(Sink):
@@ -55,13 +76,22 @@ class ExecSink(Sink):
             raise ValueError("invalid exec plugin options: " + "; ".join(
                 f"{k}: {m}" for k, m in problems))
         self.argv = argv_of(self.options["command"])
-        self.initial_backoff = float(self.options.get("restart_backoff", 1.0))
+        self.env = exec_env.command_environment(backend, list(self.options.get("pass_env", ())),
+                                                dict(self.options.get("env", {})))
+        initial = float(self.options.get("restart_backoff", 1.0))
+        # No jitter: one command per backend, nothing to spread out; the delays stay exact.
+        self.backoff = Backoff(initial, max(MAX_BACKOFF, initial), jitter=0.0)
         self.log = logs.get_logger(backend=backend, sink="exec")
         self.proc: Optional[asyncio.subprocess.Process] = None
         self.started_at = 0.0
-        self.backoff = self.initial_backoff
         self.next_start = 0.0
         self.readers: List[asyncio.Task] = []
+        # for health(): None until the first start attempt; then when the command stopped
+        # running (None while it runs), how it last ended, and how often it was restarted
+        self.down_since: Optional[float] = None
+        self.last_error: Optional[str] = None
+        self.last_stderr = ""
+        self.restarts = 0
 
     @classmethod
     def validate(cls, options: Mapping[str, Any]) -> list:
@@ -89,6 +119,7 @@ class ExecSink(Sink):
         if backoff is not None and (isinstance(backoff, bool)
                                     or not isinstance(backoff, (int, float)) or backoff <= 0):
             problems.append(("restart_backoff", "expected a number of seconds greater than 0"))
+        problems += exec_env.problems(options)
         return problems
 
     # -- the process -------------------------------------------------------------------------
@@ -101,18 +132,22 @@ class ExecSink(Sink):
         if wait > 0:
             await asyncio.sleep(wait)
         parent = os.getpid()
-        env = dict(os.environ, LAPIDUS_BACKEND=self.backend)
+        if self.down_since is None:
+            self.down_since = time.monotonic()      # the first attempt: down until it runs
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, limit=LINE_LIMIT,
+                stderr=asyncio.subprocess.PIPE, env=self.env, limit=LINE_LIMIT,
                 start_new_session=True,
                 # The command dies with the dispatcher, even under kill -9.
                 preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
         except OSError as exc:
             self._schedule_restart()
-            raise SinkError(f"exec: cannot start {self.argv[0]!r}: {exc.strerror or exc}; "
-                            f"check the command option (retrying)") from None
+            self.last_error = f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
+            raise SinkError(f"exec: {self.last_error}; check the command option "
+                            f"(retrying)") from None
+        self.down_since = None
+        self.last_stderr = ""       # this run's, for describing how it ends
         # Limit 0: drain() returns only when asyncio has handed everything to the kernel.
         self.proc.stdin.transport.set_write_buffer_limits(high=0)
         self.started_at = time.monotonic()
@@ -121,13 +156,16 @@ class ExecSink(Sink):
         self.log.info("exec command started", pid=self.proc.pid, argv0=self.argv[0])
 
     def _schedule_restart(self) -> None:
+        """The next start waits for the backoff: doubling per failed run, from
+        ``restart_backoff`` up to 30 s, and from the start again after a run of 10 s."""
         ran = time.monotonic() - self.started_at if self.started_at else 0.0
         if ran >= STABLE_AFTER:
-            self.backoff = self.initial_backoff
-        self.next_start = time.monotonic() + self.backoff
-        self.backoff = min(max(MAX_BACKOFF, self.initial_backoff), self.backoff * 2)
+            self.backoff.reset()
+        self.next_start = time.monotonic() + self.backoff.next()
 
     async def _log_lines(self, stream: asyncio.StreamReader, name: str) -> None:
+        # stderr is the command's voice (info); stdout may echo row data (debug only)
+        emit = self.log.info if name == "stderr" else self.log.debug
         while True:
             try:
                 line = await stream.readline()
@@ -136,8 +174,10 @@ class ExecSink(Sink):
                 line = await stream.read(LINE_LIMIT)
             if not line:
                 return
-            self.log.info("exec output", stream=name,
-                          line=line.rstrip(b"\n").decode("utf-8", "replace"))
+            text = line.rstrip(b"\n").decode("utf-8", "replace")
+            if name == "stderr" and text.strip():
+                self.last_stderr = text[:200]
+            emit("exec output", stream=name, line=text)
 
     async def _reap(self, reason: str) -> None:
         proc, self.proc = self.proc, None
@@ -157,9 +197,34 @@ class ExecSink(Sink):
             code = await proc.wait()
         await asyncio.gather(*self.readers, return_exceptions=True)
         self._schedule_restart()
+        self.restarts += 1
+        self.last_error = describe_exit(code, self.last_stderr)
         self.log.warning("exec command exited; restarting it and sending the unconfirmed "
                          "batch again", reason=reason, exit_code=code,
                          restart_in=round(max(0.0, self.next_start - time.monotonic()), 2))
+
+    def _note_exit(self) -> None:
+        """The command is seen to have ended (health() or the next batch): down from now.
+        The description is renewed at each call: its last stderr line may still be on the
+        way through the reader task when the exit is first seen."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        self.last_error = describe_exit(self.proc.returncode, self.last_stderr)
+
+    def health(self) -> Optional[Dict[str, Any]]:
+        """``connected``: the command runs; ``down_seconds``: since when it does not;
+        ``last_error``: how it last ended (or could not start); ``restarts``.  None before
+        the first batch (the command has not been started yet)."""
+        if self.proc is not None and self.proc.returncode is not None:
+            self._note_exit()
+        if self.proc is None and self.down_since is None and not self.restarts:
+            return None
+        running = self.proc is not None and self.proc.returncode is None
+        down = None if running or self.down_since is None else time.monotonic() - self.down_since
+        return {"connected": running,
+                "down_seconds": None if down is None else round(down, 1),
+                "last_error": self.last_error, "restarts": self.restarts,
+                "pid": self.proc.pid if running else None}
 
     @staticmethod
     def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
@@ -174,6 +239,7 @@ class ExecSink(Sink):
         data = b"\n".join([r.data for r in records]) + b"\n"
         while True:
             if self.proc is not None and self.proc.returncode is not None:
+                self._note_exit()
                 await self._reap("the command exited")
             if self.proc is None:
                 await self._spawn()
@@ -190,6 +256,8 @@ class ExecSink(Sink):
                     raise BrokenPipeError("its standard input is closed")
                 return
             except (BrokenPipeError, ConnectionResetError) as exc:
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
                 await self._reap(f"writing to its standard input failed: {exc}")
 
     async def close(self) -> None:

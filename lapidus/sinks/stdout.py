@@ -6,6 +6,15 @@ a slow reader of standard output (a pipe into a slow consumer) must hold back on
 standard output, not the dispatcher's loop and with it every other sink.
 A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
 cleanly, and the batch that could not be written is not confirmed, so its position is not saved.
+
+Whole lines: when the descriptor is a pipe (or FIFO), a batch is written in pieces of whole
+lines of at most ``PIPE_BUF`` bytes each.  POSIX makes such a write to a pipe atomic: the
+reader gets all of it or none, so a dispatcher killed in the middle of a batch (SIGKILL, the
+OOM killer) leaves only whole lines in the pipe, and the next dispatcher's first line starts a
+line of its own.  A single line longer than ``PIPE_BUF`` cannot be written atomically; it goes
+in one ``write()`` of its own and a kill during it can leave its head in the pipe (documented
+in docs/sinks.md).  Files, terminals and sockets keep one large write per batch: a file holds
+what was written whatever the writer's fate, and their writes have no such atomicity to use.
 """
 
 from __future__ import annotations
@@ -13,10 +22,44 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from typing import Sequence
+import select
+import stat
+from typing import Iterator, Sequence, Tuple
 
 from ..events import Record
 from .base import OutputClosed, Sink
+
+#: POSIX's atomic pipe write size (4096 on Linux); os.pathconf would ask the kernel per fd,
+#: but every Linux pipe has this value.
+PIPE_BUF = getattr(select, "PIPE_BUF", 4096)
+
+
+def is_pipe(fd: int) -> bool:
+    """Whether ``fd`` is a pipe or FIFO (False for a closed descriptor: writing will say so)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def line_pieces(data: bytes, limit: int) -> Iterator[Tuple[int, int]]:
+    """``(start, end)`` offsets that cut ``data`` (lines, each ending with a newline) into
+    runs of whole lines of at most ``limit`` bytes; a line longer than ``limit`` is a run of
+    its own."""
+    size = len(data)
+    start = 0
+    while start < size:
+        end = start + limit
+        if end >= size:
+            yield start, size
+            return
+        # the last newline inside the limit ends the piece
+        cut = data.rfind(b"\n", start, end) + 1
+        if cut <= start:
+            # one line longer than the limit: the whole of it, alone
+            cut = data.find(b"\n", start) + 1 or size
+        yield start, cut
+        start = cut
 
 
 class StdoutSink(Sink):
@@ -26,6 +69,8 @@ class StdoutSink(Sink):
         super().__init__(options, backend)
         self.fd = int(self.options.get("fd", 1))
         self._lock = asyncio.Lock()
+        # Checked once: what a descriptor refers to does not change under a running process.
+        self.piece_limit = PIPE_BUF if is_pipe(self.fd) else 0
 
     @classmethod
     def share_key(cls, options):
@@ -40,15 +85,30 @@ class StdoutSink(Sink):
     async def send(self, records: Sequence[Record]) -> None:
         data = b"\n".join([r.data for r in records]) + b"\n"
         async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(None, self._write_all, data)
+            await asyncio.get_running_loop().run_in_executor(None, self._write, data)
 
-    def _write_all(self, data: bytes) -> None:
+    def _write(self, data: bytes) -> None:
         view = memoryview(data)
         try:
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            if not self.piece_limit:
+                self._write_all(view)
+                return
+            for start, end in line_pieces(data, self.piece_limit):
+                self._write_all(view[start:end])
         except OSError as exc:
             if exc.errno in (errno.EPIPE, errno.EBADF):
                 raise OutputClosed("standard output was closed") from None
             raise
+
+    def _write_all(self, view: memoryview) -> None:
+        # A blocking write of at most PIPE_BUF bytes to a pipe writes all or nothing; the loop
+        # is for longer pieces (files, and a single line over PIPE_BUF).
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except BlockingIOError:
+                # Someone sharing the descriptor made it non-blocking: wait for room.  (A
+                # non-blocking write of at most PIPE_BUF is still all or nothing.)
+                select.select([], [self.fd], [])
+                continue
+            view = view[written:]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -313,3 +315,28 @@ def test_exec_pipes_every_event_into_a_command(lapidus_factory, pg_db, tmp_path,
                message=f"510 lines counted; log:\n{proc.log()[-2000:]}")
     ids = (tmp_path / "count.ids").read_text().split()
     assert len(set(ids)) == 510
+
+
+def test_an_exec_command_that_keeps_exiting_shows_in_status(lapidus_factory, pg_db):
+    """lapidusctl status (--json and the table) says the command is down and how it ended."""
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)],
+                            "plugins": {"exec": {"command": "echo 'no consumer' >&2; exit 3",
+                                                 "restart_backoff": 0.2}}})
+    proc.wait_log('"streaming"')
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    # The batch is written to one of its runs (confirmed); that run exits too, and with no
+    # further batch the command stays down.
+    def down(row):
+        state = row.get("sinks", {}).get("exec", {})
+        # (the stderr line may reach the description a moment after the exit)
+        return state.get("connected") is False and "stderr" in (state.get("last_error") or "")
+    row = wait_until(lambda: (lambda r: r if down(r) else None)(
+        backend_status(proc.config_path)), 60,
+        message=f"the exec sink down in status; log:\n{proc.log()[-2000:]}")
+    state = row["sinks"]["exec"]
+    assert state["last_error"] == "exited with code 3 (last stderr: no consumer)"
+    assert state["down_seconds"] is not None
+    table = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(proc.config_path),
+                            "status"], capture_output=True, text=True, timeout=30).stdout
+    assert "exec down" in table, table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
 
@@ -11,6 +12,7 @@ import structlog
 
 from lapidus.events import Record
 from lapidus.sinks import registry
+from lapidus.sinks.base import SinkError
 from lapidus.sinks.exec import ExecSink
 
 
@@ -47,6 +49,11 @@ def test_registered_and_per_backend():
     ({"command": ["/no/such/program"]}, "command[0]", "not an executable"),
     ({"command": "cat", "restart_backoff": 0}, "restart_backoff", "greater than 0"),
     ({"command": "cat", "comand": 1}, "comand", 'did you mean "command"'),
+    ({"command": "cat", "pass_env": "HOME"}, "pass_env", "list of variable names"),
+    ({"command": "cat", "pass_env": ["TZ", "1X"]}, "pass_env[1]", "not a variable name"),
+    ({"command": "cat", "env": ["A=1"]}, "env", "table"),
+    ({"command": "cat", "env": {"MODE": 1}}, "env.MODE", "string value"),
+    ({"command": "cat", "env": {"LAPIDUS_BACKEND": "x"}}, "env.LAPIDUS_BACKEND", "set by Lapidus"),
 ])
 def test_validation(options, key, text):
     problems = dict(ExecSink.validate(options))
@@ -150,6 +157,9 @@ def test_stderr_and_stdout_lines_go_to_the_log_with_the_backend(tmp_path):
         any(e["stream"] == "stderr" and e["line"] == 'seen {"n":7}' for e in output)
     assert any(e["stream"] == "stdout" and e["line"] == "out" for e in output)
     assert all(e["backend"] == "shop" for e in output)
+    # the command's stdout may echo row data: debug only; its stderr stays visible
+    assert {e["log_level"] for e in output if e["stream"] == "stdout"} == {"debug"}
+    assert {e["log_level"] for e in output if e["stream"] == "stderr"} == {"info"}
 
 
 def test_close_stops_a_command_that_ignores_end_of_input(tmp_path, monkeypatch):
@@ -182,3 +192,85 @@ def test_restart_backoff_doubles_up_to_30_s_and_resets_after_a_stable_run(monkey
     assert waits == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0])
     assert crash_after(exec_module.STABLE_AFTER) == pytest.approx(1.0)   # a stable run: anew
     assert crash_after(0.1) == pytest.approx(2.0)
+
+
+def test_the_command_gets_only_the_environment_the_configuration_names(tmp_path, monkeypatch):
+    """A secret from an EnvironmentFile (Lapidus's environment) must not reach the command."""
+    out = tmp_path / "env"
+    monkeypatch.setenv("PGPASSWORD", "secret-from-environment-file")
+    monkeypatch.setenv("NATS_TOKEN", "another-secret")
+    monkeypatch.setenv("TZ", "Europe/Vienna")
+    monkeypatch.setenv("LC_TIME", "C.UTF-8")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    script = python_command(f"""
+        import json, os, sys
+        json.dump(dict(os.environ), open({str(out)!r}, "w"))
+        sys.stdin.read()
+    """)
+
+    async def run():
+        sink = ExecSink({"command": script, "pass_env": ["TZ", "NOT_SET_ANYWHERE"],
+                         "env": {"CONSUMER_MODE": "fast"}}, "crm")
+        await sink.send(recs(1))
+        await wait_for(lambda: out.exists() and out.stat().st_size > 0)
+        await sink.close()
+    asyncio.run(run())
+    import json
+    env = json.loads(out.read_text())
+    env.pop("LC_CTYPE", None)       # Python itself may set it for the child (PEP 538)
+    assert env == {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "LANG": "C.UTF-8",
+                   "LC_TIME": "C.UTF-8", "TZ": "Europe/Vienna", "CONSUMER_MODE": "fast",
+                   "LAPIDUS_BACKEND": "crm"}
+
+
+def test_health_shows_a_command_that_keeps_exiting(tmp_path):
+    """Down since it exited, how it ended (with its last stderr line), and the restarts."""
+    script = python_command("""
+        import sys
+        sys.stdin.readline()
+        print("consumer: database is gone", file=sys.stderr, flush=True)
+        sys.exit(4)
+    """)
+
+    async def run():
+        sink = ExecSink({"command": script, "restart_backoff": 0.01}, "shop")
+        assert sink.health() is None                      # not started before the first batch
+        await sink.send(recs(1))
+        running = sink.health()
+        # down; the stderr line may reach its reader task a moment after the exit is seen
+        await wait_for(lambda: sink.health()["connected"] is False
+                       and "last stderr" in sink.health()["last_error"])
+        down = sink.health()
+        await sink.send(recs(2))                          # noticed dead: restarted
+        after = sink.health()
+        await sink.close()
+        return running, down, after
+    running, down, after = asyncio.run(run())
+    assert running["connected"] is True and running["down_seconds"] is None
+    assert running["pid"] and running["last_error"] is None
+    assert down["connected"] is False and down["down_seconds"] is not None
+    assert down["last_error"] == "exited with code 4 (last stderr: consumer: database is gone)"
+    assert after["restarts"] == 1 and after["last_error"].startswith("exited with code 4")
+
+
+def test_health_of_a_command_that_cannot_start(monkeypatch):
+    monkeypatch.setattr(ExecSink, "validate", classmethod(lambda cls, options: []))
+
+    async def run():
+        sink = ExecSink({"command": ["/no/such/program"]}, "shop")
+        with pytest.raises(SinkError, match="cannot start"):
+            await sink.send(recs(1))
+        return sink.health()
+    state = asyncio.run(run())
+    assert state["connected"] is False and state["down_seconds"] is not None
+    assert "cannot start '/no/such/program'" in state["last_error"]
+
+
+def test_health_dicts_read_by_status_and_metrics():
+    """lapidusctl's sinks column and /metrics read connected / down_seconds; "error" would
+    mean that health() itself failed, so the exit goes under last_error."""
+    from lapidus.ctl import sinks_text
+    assert sinks_text({"exec": {"connected": True, "down_seconds": None,
+                                "last_error": "exited with code 4"}}) == "exec up"
+    assert sinks_text({"exec": {"connected": False, "down_seconds": 12.0,
+                                "last_error": "exited with code 4"}}) == "exec down 12s"

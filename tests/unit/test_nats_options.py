@@ -133,3 +133,76 @@ def test_original_sample_configuration_still_validates():
               "plugins": {"nats": {"server": "nats://localhost:4222"}}}
     parsed = parse_config(config, plugin_validators=registry.validators())
     assert parsed.plugins == {"nats": {"server": "nats://localhost:4222"}}
+
+
+@pytest.mark.parametrize("url,ok", [
+    ("nats//nats1:4222", False),          # the colon missing: passed lapidus -t before
+    ("nats:/nats1:4222", False),
+    ("tls//secure:4222", False),
+    ("nats:///", False),
+    ("nats://nats1:42x2", False),
+    ("nats://nats1:4222/sub", False),
+    ("", False),
+    ("nats1:4222", True),                 # nats-py reads a bare host:port as nats://
+    ("nats1", True),
+    ("nats://u:p@nats1:4222", True),
+    ("tls://nats1:4222", True),
+    ("ws://nats1:8080", True),
+    ("wss://nats1", True),
+])
+def test_server_urls_need_a_scheme_and_a_host(url, ok):
+    for options, key in (({"servers": ["nats://ok:4222", url]}, "servers[1]"),
+                         ({"server": url}, "server")):
+        found = problems(options)
+        if ok:
+            assert found == {}, found
+        else:
+            assert key in found, found
+            assert "nats://host:4222" in found[key] and "u:p" not in found[key]
+
+
+def test_a_bad_url_is_reported_with_its_key_path_by_the_configuration_check():
+    from lapidus.config import ConfigError
+    with pytest.raises(ConfigError) as info:
+        parse_config({"backends": [{"name": "a", "type": "postgresql", "database": "d"}],
+                      "plugins": {"nats": {"servers": ["nats//nats1:4222"]}}},
+                     plugin_validators=registry.validators())
+    assert "plugins.nats.servers[0]" in str(info.value)
+
+
+@pytest.mark.parametrize("options,kinds", [
+    ({"servers": ["nats://nats1.example:4222"], "user": "u", "password": "p"},
+     ["user/password"]),
+    ({"server": "ws://10.0.0.5:8080", "token": "t"}, ["token"]),
+    ({"server": "nats://u:pw@nats1.example:4222"}, ["user/password in the URL"]),
+    ({"servers": ["tls://nats1.example:4222"], "token": "t"}, None),      # encrypted
+    ({"servers": ["nats://127.0.0.1:4222", "nats://[::1]:4222", "localhost:4222"],
+      "token": "t"}, None),                                               # loopback
+    ({"servers": ["nats://nats1.example:4222"]}, None),                   # no credentials
+])
+def test_credentials_over_plain_nats_to_another_host_are_found(options, kinds):
+    from lapidus.sinks.nats.options import plaintext_credentials
+    found, servers = plaintext_credentials(NatsOptions.parse(options))
+    if kinds is None:
+        assert (found, servers) == ([], [])
+    else:
+        assert found == kinds and servers and all("@" not in s for s in servers)
+
+
+def test_credentials_over_plain_nats_are_warned_about_at_start():
+    import asyncio
+
+    import structlog
+
+    async def start(options):
+        with structlog.testing.capture_logs() as logs:
+            sink = NatsSink(options, "shop")
+            await sink.start()
+            await sink.close()
+        return [e for e in logs if "plain-text" in e["event"]]
+
+    warned = asyncio.run(start({"server": "nats://lapidus:s3cret@192.0.2.7:4222"}))
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+    assert warned[0]["servers"] == ["nats://192.0.2.7:4222"]
+    assert "tls://" in warned[0]["fix"] and "s3cret" not in str(warned[0])
+    assert asyncio.run(start({"server": "tls://192.0.2.7:4222", "token": "t"})) == []

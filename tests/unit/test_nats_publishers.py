@@ -1,7 +1,9 @@
 """Core and JetStream publishers against a fake nats-py client: confirmation, window, resends.
 
-The fake has only nats-py's public API, so these tests also cover Wire's fallback path; the
-fast path runs against the real server in tests/integration/test_nats_sink.py.
+The fake has the nats-py internals that lapidus.sinks.nats.wire writes through
+(``_send_command`` takes the encoded HPUB frames, ``_transport.write`` the confirming PING,
+answered through ``_pongs`` when the fake's ``flush`` says so); the same paths run against the
+real server in tests/integration/test_nats_sink.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lapidus.sinks.nats.core import CorePublisher
 from lapidus.sinks.nats.jetstream import JetStreamPublisher
 from lapidus.sinks.nats.messages import MessageBuilder
 from lapidus.sinks.nats.options import NatsOptions
+from lapidus.sinks.nats.wire import parse_header_block
 
 
 class Log:
@@ -54,6 +57,37 @@ class FakeNats:
         self.max_outstanding = 0
         self.outstanding = 0
 
+        # the internals Wire uses (lapidus.sinks.nats.compat.REQUIRED)
+        self._pending = []
+        self._pending_data_size = 0
+        self._flush_queue = None
+        self._pongs = []
+        self._transport = FakeTransport(self)
+
+    async def _send_command(self, data: bytes) -> None:
+        """The HPUB frames Wire encodes, each recorded as a publish."""
+        pos = 0
+        while pos < len(data):
+            line_end = data.index(b"\r\n", pos)
+            fields = data[pos:line_end].split()
+            subject, reply = fields[1].decode(), (fields[2].decode() if len(fields) == 5 else "")
+            header_size, total = int(fields[-2]), int(fields[-1])
+            start = line_end + 2
+            header = data[start:start + header_size]
+            payload = data[start + header_size:start + total]
+            pos = start + total + 2
+            await self.publish(subject, payload, reply=reply,
+                               headers=parse_header_block(header))
+
+    async def _answer_ping(self, pong) -> None:
+        """The PONG comes when (and if) the fake's flush() returns."""
+        try:
+            await self.flush()
+        except nats.errors.FlushTimeoutError:
+            return
+        if not pong.done():
+            pong.set_result(True)
+
     def new_inbox(self):
         return "_INBOX.test"
 
@@ -84,6 +118,18 @@ class FakeNats:
         self.flushes += 1
         if self.flush_hangs:
             await asyncio.sleep(3600)
+
+
+class FakeTransport:
+    def __init__(self, nc):
+        self.nc = nc
+
+    def write(self, data: bytes) -> None:
+        assert data == b"PING\r\n", data
+        asyncio.ensure_future(self.nc._answer_ping(self.nc._pongs.pop(0)))
+
+    def writelines(self, parts) -> None:
+        raise AssertionError("nothing is left in the fake's buffer")
 
 
 def records(n, start=0):

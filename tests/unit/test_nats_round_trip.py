@@ -10,7 +10,6 @@ import re
 import socket
 from typing import Callable, List, Optional
 
-import nats.errors
 import pytest
 
 from lapidus.events import Record
@@ -165,27 +164,18 @@ def test_a_batch_held_back_across_a_reconnect_starts_again_from_its_first_messag
     assert received[-1] == list(range(600))
 
 
-def test_fallback_without_nats_py_internals_still_confirms_with_a_flush():
-    """Without the internals Wire uses, ping() is nats-py's flush (no ordering guarantee,
-    same waiting)."""
-    async def run():
-        from lapidus.sinks.nats.wire import Wire
+def test_no_fallback_to_the_public_flush_without_nats_py_internals():
+    """nats-py's public flush() can confirm messages it still buffers: a client without the
+    internals Wire uses is refused (lapidus.sinks.nats.compat) instead of used that way."""
+    from lapidus.sinks.nats import compat
 
-        class Client:
-            flushed = 0
+    class Client:
+        async def flush(self, timeout):
+            pass
 
-            async def flush(self, timeout):
-                Client.flushed += 1
-                if timeout < 1:
-                    raise nats.errors.FlushTimeoutError
-
-        wire = Wire(Client())
-        assert not wire.fast
-        await wire.ping(5)
-        with pytest.raises(nats.errors.FlushTimeoutError):
-            await wire.ping(0.5)
-        return Client.flushed
-    assert asyncio.run(run()) == 2
+    assert "_pongs" in compat.missing_internals(Client())
+    with pytest.raises(compat.UnsupportedNatsPy, match="lacks internals"):
+        compat.check_client(Client())
 
 
 def test_a_client_nats_py_gives_up_on_is_replaced_and_the_batch_delivered():

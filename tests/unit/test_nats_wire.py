@@ -36,7 +36,7 @@ def ack(n: int, sid: int = SID) -> bytes:
 
 def wired():
     client = RecordingClient()
-    wire = Wire(client, fast=True)
+    wire = Wire(client)
     wire._read_acks_first(INBOX + "*", SID,
                           lambda subject, data, headers: client.seen.append(
                               ("ack", bytes(subject), data)))

@@ -17,10 +17,11 @@ Runs in the dispatcher process, inside its asyncio loop.  Contract:
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Deque, Dict, List, Optional
 
 import nats
 from nats.aio.client import Client
@@ -34,6 +35,7 @@ MAX_OUTSTANDING_PINGS = 3
 # During an outage nats-py reports every failed attempt; log the first and then a summary.
 ERROR_LOG_EVERY = 30.0
 WAITING_LOG_EVERY = 30.0
+REFUSALS_KEPT = 64
 
 
 def how_to_fix(error: BaseException) -> Optional[str]:
@@ -89,7 +91,9 @@ class Connection:
         self._errors_suppressed = 0
         self._closing = False
         self._refusals = 0
-        self._last_refusal = ""
+        # the texts of the latest refusals (a batch reads those since it began); bounded: a
+        # batch names the first refused message it finds among them
+        self._refusal_texts: Deque[str] = collections.deque(maxlen=REFUSALS_KEPT)
         #: counts the nats-py clients that connected: publishers compare it with the one
         #: they subscribed and wrote through (see CorePublisher.publish)
         self.client_generation = 0
@@ -207,11 +211,13 @@ class Connection:
     def session(self) -> Session:
         return Session(self._lost, self.nc.stats["reconnects"], self._refusals)
 
-    def refused(self, session: Session) -> Optional[str]:
-        """The server's error for a publish it refused since ``session`` began (a subject the
-        user may not publish to), or None.  Core NATS has no ack: the server says so only in
-        an ``-ERR``, which it sends before the PONG that would confirm the batch."""
-        return self._last_refusal if self._refusals > session.refusals else None
+    def refused(self, session: Session) -> List[str]:
+        """The server's errors for publishes it refused since ``session`` began (subjects the
+        user may not publish to), oldest first; empty when none.  Core NATS has no ack: the
+        server says so only in an ``-ERR``, which it sends before the PONG that would confirm
+        the batch."""
+        count = min(self._refusals - session.refusals, len(self._refusal_texts))
+        return list(self._refusal_texts)[-count:] if count > 0 else []
 
     def intact(self, session: Session) -> bool:
         """Whether the connection of ``session`` is still the open one.  Reading the reconnect
@@ -279,7 +285,7 @@ class Connection:
         if "permissions violation for publish" in str(error).lower():
             # counted before the rate limit below: each one fails its batch
             self._refusals += 1
-            self._last_refusal = str(error)
+            self._refusal_texts.append(str(error))
         now = time.monotonic()
         if now - self._errors_logged_at < ERROR_LOG_EVERY:
             self._errors_suppressed += 1
@@ -298,10 +304,7 @@ class Connection:
         head may have died in the old socket, so replaying it would deliver later changes
         before earlier ones (and JetStream would store them in that order).  The publishers
         resend every unconfirmed message of the batch, in order, instead.  ``_pending`` is
-        nats-py's private buffer (checked against nats-py 2.16); if it is ever renamed this
-        does nothing and only the order guarantee across reconnects weakens.
+        nats-py's private buffer; :mod:`.compat` checked at start that the client has it.
         """
-        pending = getattr(self.nc, "_pending", None)
-        if isinstance(pending, list):
-            pending.clear()
-            self.nc._pending_data_size = 0
+        self.nc._pending.clear()
+        self.nc._pending_data_size = 0

@@ -18,6 +18,7 @@ import nats
 from ..base import SinkError
 from .connection import Connection, ConnectionLost, Session
 from .messages import Message
+from .refusals import REFUSED_FIX, check_sizes, refusal_for, too_large
 from .wire import Wire
 
 # Messages are handed to nats-py in runs of this many (one write each, see wire.Frames);
@@ -56,6 +57,9 @@ class CorePublisher:
             await self.connection.wait_ready(held=len(messages))
             if self.client_generation != self.connection.client_generation:
                 await self.start()      # a new nats-py client (see Connection._on_closed)
+            # Connected, so max_payload is the server's (its INFO): the whole batch is
+            # checked before any of it is published (an oversized event never passes).
+            check_sizes(messages, self.connection.nc.max_payload)
             try:
                 await self._publish_once(messages)
                 return
@@ -79,8 +83,9 @@ class CorePublisher:
             await write_connected(wire, frames, conn, session)
             await round_trip(wire, conn, session, self.flush_timeout,
                              waiting_for=f"server {conn._server()}")
+            raise_if_refused(conn, session, messages)
         except nats.errors.MaxPayloadError:
-            raise too_large(message, nc) from None
+            raise too_large(message, nc.max_payload) from None
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             raise ConnectionLost() from None
         if not conn.intact(session):
@@ -122,24 +127,19 @@ async def round_trip(wire: Wire, connection: Connection, session: Session,
                         f"flush_timeout") from None
     if not connection.intact(session):
         raise ConnectionLost()
-    raise_if_refused(connection, session)
 
 
-def raise_if_refused(connection: Connection, session: Session) -> None:
-    """A publish the server refused since ``session`` began fails the batch (it is sent
-    again, and fails again until the permissions allow it): never a confirmation."""
-    refusal = connection.refused(session)
+def raise_if_refused(connection: Connection, session: Session,
+                     messages: Sequence[Message]) -> None:
+    """A publish the server refused since ``session`` began fails the batch, never a
+    confirmation: a :class:`.refusals.Refusal` naming the first refused message of
+    ``messages``, or (a refusal of a subject not in the batch) a SinkError to retry."""
+    errors = connection.refused(session)
+    if not errors:
+        return
+    refusal = refusal_for(messages, errors)
     if refusal is not None:
-        raise SinkError(f"NATS refused a message of this batch ({refusal}); the user of the "
-                        f"nats plugin may not publish to that subject. Fix: allow it in the "
-                        f"server's permissions for that user, or change subject_prefix / "
-                        f"subject_template (the batch will be sent again)")
-
-
-def too_large(message: Message, nc: Any) -> SinkError:
-    """The error for an event the server refuses for its size (it would never pass)."""
-    size = len(message.payload) + len(message.header)
-    return SinkError(f"event {message.msg_id} on subject \"{message.subject}\" is {size} "
-                     f"bytes, more than the NATS "
-                     f"server's max_payload ({nc.max_payload} bytes); raise max_payload in the "
-                     f"server configuration (or set publish_event_data = false)")
+        raise refusal
+    raise SinkError(f"NATS refused a publish while this batch was sent ({errors[-1]}); the "
+                    f"user of the nats plugin may not publish to that subject. Fix: "
+                    f"{REFUSED_FIX} (the batch will be sent again)")

@@ -33,12 +33,14 @@ import orjson
 
 from ..base import SinkError
 from .connection import Connection, ConnectionLost
-from .core import (YIELD_EVERY, first_of, raise_if_refused, round_trip, too_large,
-                   write_connected)
+from .core import YIELD_EVERY, first_of, raise_if_refused, round_trip, write_connected
 from .messages import Message
+from .refusals import Refusal, check_sizes, too_large
 from .wire import Wire
 
 MAX_STALLS = 3
+#: JetStream's err_code for a message over the stream's max_msg_size
+STREAM_MESSAGE_TOO_LARGE = 10054
 _NO_RESPONDERS = "503"
 
 
@@ -119,6 +121,8 @@ class JetStreamPublisher:
                 await self.connection.wait_ready(held=batch.remaining)
                 if self.client_generation != self.connection.client_generation:
                     await self.start()  # a new nats-py client: its own inbox subscription
+                # with the server's max_payload, before any of the batch is published
+                check_sizes(messages, self.connection.nc.max_payload)
                 session = self.connection.session()
                 try:
                     # After a stall the unacked stored messages go again, and the plain
@@ -180,7 +184,7 @@ class JetStreamPublisher:
                     await asyncio.sleep(0)   # see core.YIELD_EVERY
             await write_connected(wire, frames, self.connection, session)
         except nats.errors.MaxPayloadError:
-            raise too_large(message, self.connection.nc) from None
+            raise too_large(message, self.connection.nc.max_payload) from None
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             raise ConnectionLost() from None
 
@@ -210,7 +214,8 @@ class JetStreamPublisher:
             return True
         if not self.connection.intact(session):
             raise ConnectionLost()
-        raise_if_refused(self.connection, session)   # a refused publish is never acked
+        # a refused publish is never acked
+        raise_if_refused(self.connection, session, batch.messages)
         return False
 
     async def _confirm_plain(self, batch: _Batch, session: Any) -> None:
@@ -220,6 +225,7 @@ class JetStreamPublisher:
             return
         await round_trip(self.wire, self.connection, session, self.flush_timeout,
                          waiting_for="confirming the cache_prefix messages")
+        raise_if_refused(self.connection, session, batch.messages)
 
     # -- acks --------------------------------------------------------------------------------
 
@@ -265,6 +271,12 @@ class JetStreamPublisher:
                                                         if headers else "")}
         description = error.get("description", "unknown error")
         code = error.get("err_code", error.get("code", "?"))
+        if code == STREAM_MESSAGE_TOO_LARGE:
+            # The stream's max_msg_size: as permanent as the server's max_payload.
+            return Refusal(message, f'JetStream refused it on subject "{subject}": '
+                                    f"{description} (error {code})",
+                           "raise the stream's max_msg_size (`nats stream edit --max-msg-size`), "
+                           "or set publish_event_data = false")
         return SinkError(f'JetStream refused event {message.msg_id} on subject "{subject}": '
                          f"{description} (error {code}); the batch will be sent again. Check "
                          f"the stream's limits and subjects (`nats stream info`)")

@@ -35,6 +35,8 @@ class Message(NamedTuple):
     msg_id: str
     #: JetStream mode: acknowledged by a stream.  Cache messages are plain core NATS messages.
     stored: bool
+    #: the index of its record in the batch given to build() (a cache message: its event's)
+    record: int = 0
 
 
 def _clean(value: str) -> str:
@@ -72,7 +74,7 @@ class MessageBuilder:
                                                     self.cache_prefix)
         new_message = Message._make         # from a tuple: cheaper than Message(...)
         tails: Dict[Tuple[str, str], str] = {}
-        for record in records:
+        for index, record in enumerate(records):
             subject = subject_of(record)
             payload = record.data if with_data else b""
             msg_id = record.id
@@ -85,12 +87,12 @@ class MessageBuilder:
             # One f-string and one encode for the whole header block (the hot path).
             append(new_message((subject, payload,
                                 f"NATS/1.0\r\nNats-Msg-Id: {msg_id}{tail}".encode(),
-                                record.id, stored)))
+                                record.id, stored, index)))
             if cache_prefix is not None:
                 verb = CACHE_VERBS.get(record.type)
                 if verb is not None:
                     cache_id = f"{msg_id}:{verb}"
                     append(Message(f"{cache_prefix}{verb}.{subject}", payload,
                                    header_block(cache_id, backend, record.type, record.position),
-                                   cache_id, False))
+                                   cache_id, False, index))
         return out

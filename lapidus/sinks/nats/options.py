@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -185,17 +186,66 @@ def _describe(value: Any) -> str:
 
 
 def _url_problem(url: str) -> Optional[str]:
+    """What is wrong with a server URL, without echoing it (it may hold a password)."""
+    if "://" not in url:
+        # nats-py reads a bare "host" or "host:port" as nats://; anything with a slash is a
+        # URL with a broken scheme separator ("nats//host", "tls:/host").
+        if "/" in url or not url.strip():
+            return ('is not a URL: expected scheme://host:port, as nats://host:4222 (is ":" '
+                    'or "//" missing after the scheme?)')
     try:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError:
-        return "is not a valid URL (expected nats://host:4222)"
+        return "is not a valid URL (expected nats://host:4222; is the port a number?)"
     if parts.scheme not in URL_SCHEMES:
         return (f'has the scheme "{parts.scheme}"; expected one of '
                 + ", ".join(f"{s}://" for s in URL_SCHEMES))
     if not parts.hostname:
         return "has no host (expected nats://host:4222)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "has a path, query or fragment after the host (expected nats://host:4222)"
     return None
+
+
+#: schemes that carry the connection in plain text (unless the server itself requires TLS)
+PLAIN_SCHEMES = ("nats", "ws")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine without the network (no DNS look-up)."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def plaintext_credentials(options: "NatsOptions") -> Tuple[List[str], List[str]]:
+    """``(credential kinds, servers)``: the credentials configured (user/password, token,
+    nkey, creds, or a password in a URL) and the servers, redacted, they would go to over a
+    plain-text scheme on a host other than loopback; two empty lists when none do."""
+    kinds = [kind for kind, given in (("user/password", options.user is not None),
+                                      ("token", options.token is not None),
+                                      ("nkeys_seed", options.nkeys_seed is not None),
+                                      ("credentials", options.credentials is not None)) if given]
+    servers = []
+    in_url = False
+    for url in options.servers:
+        try:
+            parts = urlsplit(url if "://" in url else f"nats://{url}")
+            host = parts.hostname or ""
+        except ValueError:
+            continue
+        if parts.scheme not in PLAIN_SCHEMES or is_loopback(host):
+            continue
+        if kinds or parts.username or parts.password:
+            servers.append(redact_url(url))
+            in_url = in_url or bool(parts.username or parts.password)
+    if in_url:
+        kinds.append("user/password in the URL")
+    return (kinds, servers) if servers else ([], [])
 
 
 def _file_problem(path: str) -> Optional[str]:

@@ -4,19 +4,18 @@ Runs in the dispatcher process, inside its asyncio loop.
 
 Why not only the public API: ``Client.publish(headers=dict)`` validates and encodes the header
 dict on every call, and a subscription hands each message through a ``Msg`` object, a queue and
-a task.  Measured here (JetStream, pipelined, 200k events of ~300 bytes): 8.5 us of client CPU
-per event with the public API, 2.8 us with these fast paths.  On a two-core host shared with
-the worker, PostgreSQL and nats-server, that difference is most of the distance to 50k
-events/s.  Since then: messages go to nats-py in runs of encoded ``HPUB`` commands
+a task, per event.  Here messages go to nats-py in runs of encoded ``HPUB`` commands
 (:class:`Frames`, one buffer append per run instead of one call per message), and acks are
-read off the front of each socket read before nats-py's parser (``_read_acks_first``); the
-dispatcher's CPU per JetStream event went from 8.5-9 us to about 7 us (docs/benchmarks.md).
+read off the front of each socket read before nats-py's parser (``_read_acks_first``); what
+that saves per event is measured in docs/benchmarks.md.
 
-The fast paths use nats-py internals, checked against nats-py 2.16 (``_send_command``,
-``_flush_pending``, ``_flush_queue``, ``_process_msg``, and the parser ``_ps`` with its ``buf``
-and ``state``); when any is missing, :class:`Wire` falls back to ``publish()`` /
-``subscribe()`` (or leaves acks to nats-py's parser): slower, same behaviour.  Header bytes are
-built by :mod:`.messages` from values that cannot hold CR or LF (see ``header_block``).
+These paths use nats-py internals, checked against nats-py 2.16 (``_send_command``,
+``_flush_pending``, ``_flush_queue``, ``_pending``, ``_pongs``, ``_transport``,
+``_process_msg``, and the parser ``_ps`` with its ``buf`` and ``state``).  There is no fallback
+to the public API: its ``flush()`` can confirm a batch before it is sent (see
+:meth:`Wire.ping`).  :mod:`.compat` checks that the internals exist when the sink starts and
+refuses to start otherwise, naming the supported nats-py versions.  Header bytes are built by
+:mod:`.messages` from values that cannot hold CR or LF (see ``header_block``).
 """
 
 from __future__ import annotations
@@ -30,24 +29,17 @@ from nats.protocol.parser import AWAITING_CONTROL_LINE
 #: handler(subject, data, raw_headers_or_None) for each message on the ack subscription
 AckHandler = Callable[[bytes, bytes, Optional[bytes]], None]
 
-_INTERNALS = ("_send_command", "_flush_pending", "_flush_queue", "_process_msg", "_pongs",
-              "_pending", "_pending_data_size", "_transport")
 _PING = b"PING\r\n"
 
 
 def parse_header_block(block: bytes) -> Dict[str, str]:
-    """``NATS/1.0\\r\\nK: V\\r\\n...\\r\\n\\r\\n`` -> dict (the slow path and tests)."""
+    """``NATS/1.0\\r\\nK: V\\r\\n...\\r\\n\\r\\n`` -> dict (for tests and tools)."""
     out: Dict[str, str] = {}
     for line in block.decode("utf-8").split("\r\n")[1:]:
         if line:
             key, _, value = line.partition(": ")
             out[key] = value
     return out
-
-
-def _retrieve(future: "asyncio.Future[Any]") -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class Frames:
@@ -57,26 +49,21 @@ class Frames:
     fraction of one ``publish`` call per message (measured in docs/benchmarks.md).
     """
 
-    __slots__ = ("parts", "count", "max_payload", "encoded")
+    __slots__ = ("parts", "count", "max_payload")
 
-    def __init__(self, max_payload: int, encoded: bool = True):
+    def __init__(self, max_payload: int):
         self.parts: list = []
         self.count = 0
         self.max_payload = max_payload
-        # False: parts are (subject, reply, header, payload) for the public API's publish()
-        self.encoded = encoded
 
     def add(self, subject: str, reply: str, header: bytes, payload: bytes) -> None:
         """Raises MaxPayloadError for a message the server would refuse for its size."""
         size = len(header) + len(payload)
         if size > self.max_payload:
             raise nats.errors.MaxPayloadError
-        if self.encoded:
-            # HPUB <subject> <reply> <header bytes> <total bytes>: as nats-py's hpub_cmd.
-            self.parts += (f"HPUB {subject} {reply} {len(header)} {size}\r\n".encode(),
-                           header, payload, b"\r\n")
-        else:
-            self.parts.append((subject, reply, header, payload))
+        # HPUB <subject> <reply> <header bytes> <total bytes>: as nats-py's hpub_cmd.
+        self.parts += (f"HPUB {subject} {reply} {len(header)} {size}\r\n".encode(),
+                       header, payload, b"\r\n")
         self.count += 1
 
     def take(self) -> bytes:
@@ -90,13 +77,15 @@ class Frames:
 
 
 class Wire:
-    def __init__(self, nc: Any, fast: Optional[bool] = None):
+    """Writes and confirms through one nats-py client, which :func:`.compat.check_client`
+    has found to have the internals used here."""
+
+    def __init__(self, nc: Any):
         self.nc = nc
-        self.fast = all(hasattr(nc, name) for name in _INTERNALS) if fast is None else fast
 
     def frames(self) -> "Frames":
         """An empty run of messages to fill and hand to :meth:`send`."""
-        return Frames(self.nc.max_payload, encoded=self.fast)
+        return Frames(self.nc.max_payload)
 
     async def send(self, frames: "Frames") -> None:
         """Hand a run of messages to nats-py as one write; empties ``frames``.  The caller has
@@ -107,12 +96,6 @@ class Wire:
         nc = self.nc
         if nc.is_closed:
             raise nats.errors.ConnectionClosedError
-        if not self.fast:
-            for subject, reply, header, payload in frames.parts:
-                await nc.publish(subject, payload, reply=reply,
-                                 headers=parse_header_block(header))
-            frames.clear()
-            return
         await nc._send_command(frames.take())
         # As Client._send_publish: wake the flusher task unless a wake-up is already queued.
         if nc._flush_queue is not None and nc._flush_queue.empty():
@@ -127,13 +110,8 @@ class Wire:
         still buffers (a PONG could then confirm messages the server never got), and on its
         timeout it cancels the future it queued for the PONG, which makes nats-py's read loop
         end at the next PONG (``set_result`` on a cancelled future); the connection then
-        reads nothing until nats-py notices it is stale.  The fallback (``fast`` false) is
-        ``nc.flush(timeout)``: same waiting, without those guarantees."""
+        reads nothing until nats-py notices it is stale."""
         nc = self.nc
-        if not self.fast:
-            flush = asyncio.ensure_future(nc.flush(timeout=timeout))
-            flush.add_done_callback(_retrieve)    # a caller that gave up does not read it
-            return flush
         if nc._pending_data_size:
             # What nats-py still buffers goes to the socket first (as its flusher would).
             nc._transport.writelines(nc._pending[:])
@@ -155,9 +133,6 @@ class Wire:
                 raw = f"NATS/1.0 {status}\r\n\r\n".encode()
             handler(msg.subject.encode(), msg.data, raw)
 
-        if not self.fast:
-            await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=pending_msgs_limit)
-            return
         # The subscription exists (nats-py renews it after a reconnect, same sid) but its
         # messages are taken from the parser before nats-py builds Msg objects for them.
         sub = await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=pending_msgs_limit)
