@@ -347,8 +347,7 @@ class Dispatcher:
                 del buffer[:used]
                 for kind, payload in frames:
                     if kind == HELLO:
-                        pipeline = await self.pipeline_for(payload["backend"],
-                                                           payload.get("config"))
+                        pipeline = await self._pipeline_when_ready(payload)
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
                         seq, fields = payload
@@ -362,6 +361,22 @@ class Dispatcher:
                 # Its worker is gone: what it queued will come again from its restart, so
                 # delivering it now would only make duplicates.
                 pipeline.attach(None)
+
+    async def _pipeline_when_ready(self, hello: dict) -> Pipeline:
+        """The pipeline of a connecting worker; while its sinks cannot be made (a sink's
+        start fails), try again with backoff.  Meanwhile nothing of the worker is read, so
+        it stops at its in-flight limit (backpressure) and nothing is lost or counted as a
+        crash."""
+        retry = Backoff(0.5, RETRY_MAX)
+        while True:
+            try:
+                return await self.pipeline_for(hello["backend"], hello.get("config"))
+            except Exception as exc:
+                delay = retry.next()
+                self.log.error("cannot start the sinks of a backend; retrying",
+                               backend=hello["backend"], error=str(exc),
+                               retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
 
     async def report_forever(self) -> None:
         while self.status is not None:
