@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import stat
 from typing import Optional
 
 import psutil
@@ -73,6 +74,48 @@ def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             proc.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
+
+
+PRIVATE_UMASK = 0o077
+inherited_umask = None   # the umask Lapidus was started with, for the commands it runs
+
+
+def keep_files_private(state_dir) -> None:
+    """Make what Lapidus writes readable by its own user only: umask 077 for this process and
+    everything it forks (checkpoints, spool segments written by pg_recvlogical, dead letters,
+    logs of children: files 0600, folders 0700), and the same modes for what an earlier version
+    left under ``state_dir``.  Runs in the supervisor before it forks anything; the exec sink
+    gives its command back :data:`inherited_umask` (the command's files are its own business).
+    """
+    global inherited_umask
+    previous = os.umask(PRIVATE_UMASK)
+    if inherited_umask is None:
+        inherited_umask = previous
+    for root, dirs, files in os.walk(state_dir):
+        for name, mode in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            # symlinks (the spool's "active") have no mode of their own; sockets keep theirs
+            if stat.S_ISLNK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+                continue
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                try:
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
+                except OSError:
+                    pass
+    try:
+        os.chmod(state_dir, stat.S_IMODE(os.stat(state_dir).st_mode) & 0o700)
+    except OSError:
+        pass
+
+
+def restore_inherited_umask() -> None:
+    """In a command Lapidus starts for the user (exec sink), between fork and exec."""
+    if inherited_umask is not None:
+        os.umask(inherited_umask)
 
 
 def run_profiled(name: str, function, *args):

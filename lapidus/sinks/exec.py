@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from .. import logs
 from ..backoff import Backoff
 from ..events import Record
-from ..procutil import die_with_parent
+from ..procutil import die_with_parent, restore_inherited_umask
 from ..settings import suggest
 from . import exec_env
 from .base import Sink, SinkError
@@ -140,7 +140,7 @@ class ExecSink(Sink):
                 stderr=asyncio.subprocess.PIPE, env=self.env, limit=LINE_LIMIT,
                 start_new_session=True,
                 # The command dies with the dispatcher, even under kill -9.
-                preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
+                preexec_fn=lambda: _in_child(parent))
         except OSError as exc:
             self._schedule_restart()
             self.last_error = f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
@@ -275,3 +275,10 @@ class ExecSink(Sink):
                 self._kill_group(proc, signal.SIGKILL)
                 await proc.wait()
         await asyncio.gather(*self.readers, return_exceptions=True)
+
+
+def _in_child(parent: int) -> None:
+    """Between fork and exec of the command: it dies with the dispatcher, even under kill -9,
+    and creates files with the umask Lapidus was started with, not Lapidus's private one."""
+    die_with_parent(signal.SIGTERM, parent)
+    restore_inherited_umask()

@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from .. import exitcodes, logs
 from ..backoff import RestartPolicy
+from ..procutil import keep_files_private
 from ..workers.runner import worker_main
 from .control_server import ControlServer, SocketInUse
 from .dispatcher import dispatcher_main
@@ -136,6 +137,7 @@ class Arbiter:
     def _lock_state_dir(self) -> None:
         state_dir = Path(self.config.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        keep_files_private(state_dir)
         fd = os.open(state_dir / "lapidus.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

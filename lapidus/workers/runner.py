@@ -137,7 +137,12 @@ class WorkerLoop:
             self.log.error("backend failed", error=str(exc), fatal=exc.fatal)
             return exitcodes.CHILD_FATAL if exc.fatal else exitcodes.CHILD_ERROR
         except LinkLost as exc:
-            self.log.warning("lost the dispatcher; restarting", error=str(exc))
+            if self.stopping:
+                # the supervisor is stopping everything: the dispatcher may go first (its
+                # output was closed); what was not confirmed is sent again at the next start
+                self.log.info("dispatcher gone while stopping", error=str(exc))
+                return exitcodes.CHILD_OK
+            self.log.warning("lost the dispatcher; starting again", error=str(exc))
             return exitcodes.LINK_LOST
         finally:
             try:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
+import subprocess
+import sys
 
 import psutil
 
+from bench.chaos.lapidus import stop_group
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend, running, status
 
@@ -169,3 +173,59 @@ def test_reload_names_the_settings_it_cannot_apply(lapidus_factory, pg_db, tmp_p
     log = proc.log()
     assert "changes only when lapidus restarts" in log
     assert '"setting": "state_dir"' in log and '"setting": "http.listen"' in log
+
+
+def test_every_file_under_the_state_dir_is_private(lapidus_factory, pg_db, tmp_path):
+    state = tmp_path / "state"
+    (state / "pg").mkdir(parents=True)
+    (state / "pg" / "left-by-an-old-version").write_text("x")
+    os.chmod(state / "pg" / "left-by-an-old-version", 0o644)
+    os.chmod(state / "pg", 0o755)
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}})
+    wait_until(lambda: running(proc.config_path, "pg"), 30)
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    proc.wait_events(1)
+    wait_until(lambda: (state / "pg" / "checkpoint.json").exists(), 20)
+    seen = []
+    for root, dirs, files in os.walk(state):
+        for name, expected in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+                continue
+            seen.append(name)
+            assert stat.S_IMODE(st.st_mode) == expected, f"{path}: {oct(st.st_mode)}"
+    assert {"checkpoint.json", "spool", "left-by-an-old-version"} <= set(seen)
+    assert any(name.endswith(".seg") for name in seen)
+
+
+def test_stdout_into_head_ends_lapidus_cleanly(pg_db, tmp_path):
+    """``lapidus --stdout | head -1``: once head is gone, the next write fails, and Lapidus
+    stops cleanly (exit 0) without restarting anything on the way."""
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    config = tmp_path / "lapidus.json"
+    config.write_text(json.dumps({"state_dir": str(tmp_path / "state"),
+                                  "log": {"format": "json"}, "backends": [pg_backend(pg_db)]}))
+    log = open(tmp_path / "lapidus.log", "wb")
+    lapidus = subprocess.Popen([sys.executable, "-m", "lapidus", "-c", str(config), "--stdout"],
+                               stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    head = subprocess.Popen(["head", "-1"], stdin=lapidus.stdout, stdout=subprocess.PIPE)
+    lapidus.stdout.close()
+    try:
+        wait_until(lambda: '"event": "streaming"' in (tmp_path / "lapidus.log").read_text(), 30)
+        pg_db.sql("INSERT INTO t VALUES (1)")
+        assert json.loads(head.communicate(timeout=30)[0])["item"] == {"id": 1}
+
+        def ended():
+            pg_db.sql("INSERT INTO t SELECT coalesce(max(id), 0) + 1 FROM t")
+            return lapidus.poll() is not None
+        wait_until(ended, 30, interval=0.5, message="lapidus to end after head")
+    finally:
+        if lapidus.poll() is None:
+            stop_group(lapidus, 15)
+        log.close()
+    text = (tmp_path / "lapidus.log").read_text()
+    assert lapidus.returncode == 0, text[-3000:]
+    assert "output closed" in text
+    assert "restarting" not in text and "starting again" not in text and "Traceback" not in text
