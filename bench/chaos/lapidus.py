@@ -52,13 +52,29 @@ class LapidusProcess:
         self.workdir = workdir
         self.config = config
         self.config_path = workdir / "lapidus.json"
-        self.config_path.write_text(json.dumps(config, indent=2))
+        self.write_config(config)
         self.log_path = workdir / "lapidus.log"
         self.proc: Optional[subprocess.Popen] = None
         self.starts = 0
         self._log_offset = 0        # where the current run's log begins
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def write_config(self, config: dict) -> None:
+        """Replace the configuration file whole (temp file and rename: a reload never reads
+        half a file); the next start or reload uses it."""
+        self.config = config
+        temp = self.config_path.with_suffix(".json.new")
+        temp.write_text(json.dumps(config, indent=2))
+        os.replace(temp, self.config_path)
+
+    def reload(self, config: dict) -> int:
+        """Write ``config`` and send SIGHUP to the supervisor; returns the log offset before
+        the signal (for :meth:`wait_logged`)."""
+        self.write_config(config)
+        offset = self.log_size()
+        self.proc.send_signal(signal.SIGHUP)
+        return offset
 
     def start(self) -> None:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -109,6 +125,10 @@ class LapidusProcess:
 
     # -- processes ---------------------------------------------------------------------------
 
+    def wait_children_gone(self, name: str, timeout: float = 60.0) -> None:
+        """No child named ``name`` is left (a removed backend's worker has exited)."""
+        wait_for(lambda: self.find(name) is None, timeout, f"process {name} to exit")
+
     def children(self) -> List[psutil.Process]:
         try:
             return psutil.Process(self.proc.pid).children(recursive=True)
@@ -140,15 +160,38 @@ class LapidusProcess:
                 log.seek(self._log_offset)
             return log.read().decode("utf-8", "replace")
 
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def records_since(self, offset: int) -> List[dict]:
+        """The JSON log records written after byte ``offset`` of the log file."""
+        if not self.log_path.exists():
+            return []
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return _parse(log.read().decode("utf-8", "replace"))
+
+    def wait_logged(self, event: str, offset: int, timeout: float = 60.0) -> dict:
+        """The first record with ``event`` logged after ``offset``."""
+        def logged():
+            return next((r for r in self.records_since(offset) if r.get("event") == event),
+                        None)
+        return wait_for(logged, timeout, f"lapidus to log {event!r}", interval=0.1)
+
     def records(self, current: bool = False) -> List[dict]:
-        out = []
-        for line in self.log_text(current).splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return _parse(self.log_text(current))
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_text()[-chars:]
+
+
+def _parse(text: str) -> List[dict]:
+    """The JSON records of a log text (other lines, a torn last one, are skipped)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
