@@ -67,6 +67,7 @@ KINDS = CLASSIC_KINDS + NEW_KINDS
 CI_KINDS = tuple(k for k in CLASSIC_KINDS if k != "pg_restart")
 SLOW_CLIENTS = 50
 SLOW_CLIENTS_STATUS_DEADLINE = 5.0   # lapidusctl status with the crowd connected
+CTL_PATIENCE = 20.0                  # longer than lapidusctl's own timeout on the socket
 RECOVERY = 60.0                      # seconds for a process-level recovery (status RUNNING)
 
 
@@ -369,16 +370,20 @@ class FaultInjector(threading.Thread):
         with SlowCrowd(str(run.control_socket), run.http_address, SLOW_CLIENTS) as crowd:
             began = time.monotonic()
             while time.monotonic() - began < length:     # the crowd's stay, by design
-                answer = ctl.status(run.lapidus.config_path,
-                                    timeout=SLOW_CLIENTS_STATUS_DEADLINE, log=run.ctl_log)
+                # lapidusctl gets longer than the deadline, so that its own handling of a
+                # supervisor that does not answer (a line, or a traceback) shows too
+                answer = ctl.status(run.lapidus.config_path, timeout=CTL_PATIENCE,
+                                    log=run.ctl_log)
                 asked += 1
-                if answer.status is None:
-                    slow.append(answer.reason() + (" (with a traceback)"
-                                                   if answer.traceback else ""))
+                if answer.status is None or answer.seconds > SLOW_CLIENTS_STATUS_DEADLINE:
+                    slow.append((f"answered after {answer.seconds:.1f}s" if answer.status
+                                 else answer.reason())
+                                + (" (with a traceback)" if answer.traceback else ""))
                 hold(0.5)                                 # pace of the questions
             summary = crowd.summary()
         self._wait_recovered("lapidusctl status after the slow clients left")
         detail = f"{summary}, {length:.1f}s, status asked {asked} times"
         if slow:
-            raise ChaosTimeout(f"{detail}; {len(slow)} not answered: {slow[0]}")
+            raise ChaosTimeout(f"{detail}; {len(slow)} not answered within "
+                               f"{SLOW_CLIENTS_STATUS_DEADLINE:g}s: {'; '.join(slow[:3])}")
         return detail

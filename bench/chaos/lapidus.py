@@ -89,15 +89,17 @@ class LapidusProcess:
         """Every backend logged "streaming" in this run of the supervisor."""
         def ready():
             if self.proc.poll() is not None:
-                raise ChaosTimeout(f"lapidus exited with {self.proc.returncode}; log:\n"
-                                   f"{self.log_tail()}")
+                return "exited"         # not an exception: wait_for would take it for "not yet"
             seen = {r.get("backend") for r in self.records(current=True)
                     if r.get("event") == "streaming"}
             return set(backends) <= seen
         try:
-            wait_for(ready, timeout, f"backends {backends} streaming")
+            outcome = wait_for(ready, timeout, f"backends {backends} streaming")
         except ChaosTimeout as exc:
             raise ChaosTimeout(f"{exc}\n{self.log_tail()}") from None
+        if outcome == "exited":
+            raise ChaosTimeout(f"lapidus exited with {self.proc.returncode} before backends "
+                               f"{backends} streamed; log:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
