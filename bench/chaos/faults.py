@@ -112,6 +112,7 @@ class FaultInjector(threading.Thread):
         self.records: List[FaultRecord] = []
         self.stop_event = threading.Event()
         self.failure: Optional[BaseException] = None
+        self.gave_up = False          # stopped early: Lapidus did not recover from a fault
         self.started_at = time.monotonic()
 
     def stop(self) -> None:
@@ -138,6 +139,7 @@ class FaultInjector(threading.Thread):
                     # Lapidus did not recover: every later fault would wait for the same
                     # recovery and time out, which costs minutes and says nothing new
                     self.log("no more faults: Lapidus did not recover from the last one")
+                    self.gave_up = True
                     return
         except BaseException as exc:        # a broken harness must not look like a pass
             self.failure = exc
@@ -381,9 +383,15 @@ class FaultInjector(threading.Thread):
                                 + (" (with a traceback)" if answer.traceback else ""))
                 hold(0.5)                                 # pace of the questions
             summary = crowd.summary()
-        self._wait_recovered("lapidusctl status after the slow clients left")
         detail = f"{summary}, {length:.1f}s, status asked {asked} times"
+        problems = []
         if slow:
-            raise ChaosTimeout(f"{detail}; {len(slow)} not answered within "
-                               f"{SLOW_CLIENTS_STATUS_DEADLINE:g}s: {'; '.join(slow[:3])}")
+            problems.append(f"{len(slow)} not answered within "
+                            f"{SLOW_CLIENTS_STATUS_DEADLINE:g}s: {'; '.join(slow[:3])}")
+        try:
+            self._wait_recovered("every backend RUNNING after the slow clients left")
+        except ChaosTimeout as exc:
+            problems.append(str(exc))
+        if problems:
+            raise ChaosTimeout(f"{detail}; " + "; ".join(problems))
         return detail
