@@ -35,8 +35,8 @@ until the broken piece is back (a new process, a server answering; for the new k
 dispatcher's process running); with ``settle`` it also
 waits until the stream caught up with everything committed before the fault ended, and records
 how long that took (a timeout there is a finding: Lapidus did not recover).  After the first
-fault that Lapidus did not recover from, the injector stops: the run goes on to the fences
-and the checker, which say what that fault cost.
+fault that Lapidus did not recover from, the injector stops (and the run ends its load): the
+fences and the checker say what that fault cost.
 """
 
 from __future__ import annotations
@@ -268,7 +268,8 @@ class FaultInjector(threading.Thread):
         last: List[ctl.CtlAnswer] = []
 
         def recovered():
-            answer = ctl.status(run.lapidus.config_path, timeout=10, log=run.ctl_log)
+            answer = ctl.status(run.lapidus.config_path, timeout=CTL_PATIENCE,
+                                log=run.ctl_log)
             last[:] = [answer]
             return answer if ctl.all_running(answer, run.backend_names) else None
         try:
