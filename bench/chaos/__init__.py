@@ -9,9 +9,14 @@ Lapidus streams a PostgreSQL and a MariaDB table into a dedicated JetStream stre
   committed, resolving commits whose answer was lost by asking the database;
 * :mod:`bench.chaos.faults` kills Lapidus processes with SIGKILL, stops nats-server, restarts
   the databases and cuts connections in TCP proxies (:mod:`bench.chaos.proxy`) placed between
-  Lapidus and the servers;
-* :mod:`bench.chaos.checker` reads back everything the stream holds and compares it with the
-  ledger: nothing lost, per-key order, duplicates only as repeated ids.
+  Lapidus and the servers; it also freezes Lapidus processes (:mod:`bench.chaos.freezes`),
+  reloads a changed configuration (:mod:`bench.chaos.reloads`), makes the load write an event
+  too large for NATS (:mod:`bench.chaos.deadletters`) and crowds the control socket and the
+  HTTP listener with slow clients (:mod:`bench.chaos.slowclients`), judging recovery from
+  ``lapidusctl status --json`` (:mod:`bench.chaos.ctl`);
+* :mod:`bench.chaos.checker` reads back everything the stream holds (and the dead letters)
+  and compares it with the ledger: nothing lost, per-key order, duplicates only as repeated
+  ids.
 
 :mod:`bench.chaos.run` ties them together; docs/chaos.md describes the options and the report.
 The short variant runs in CI as tests/integration/test_chaos.py.

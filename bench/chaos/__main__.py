@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.chaos --minutes 10 --seed 1
     .venv/bin/python -m bench.chaos --minutes 3 --faults kill_worker_pg,cut_nats --settle
+    .venv/bin/python -m bench.chaos --minutes 2 --faults stop_worker_pg --settle
 
 Exit status 0 when nothing was lost, reordered or duplicated and Lapidus recovered from every
 fault; 1 otherwise (the report says what, the work directory is kept); 2 on bad arguments.
@@ -14,7 +15,7 @@ import json
 import sys
 import time
 
-from .faults import CI_KINDS, KINDS
+from .faults import CI_KINDS, KINDS, NEW_KINDS
 from .run import ChaosOptions, format_result, run_chaos
 
 
@@ -48,6 +49,12 @@ def parse(argv):
                         help="seconds of JetStream duplicate detection (default 300)")
     parser.add_argument("--no-bystander", action="store_true",
                         help="no writer in another MariaDB database during the run")
+    parser.add_argument("--heartbeat-timeout", type=float, default=3.0,
+                        help="with a stop_* kind: the supervisor's heartbeat_timeout (default "
+                             "3; freezes last 0.3-0.7 or 1.3-2 times as long)")
+    parser.add_argument("--max-payload", type=int, default=32 * 1024,
+                        help="with dead_letter: the private nats-server's max_payload in bytes "
+                             "(default 32768; the oversized row has 40,000 bytes of pad)")
     parser.add_argument("--final-timeout", type=float, default=300.0,
                         help="seconds to wait after the load for the fences (default 300)")
     parser.add_argument("--workdir", help="directory for config, logs, ledger and report "
@@ -59,7 +66,9 @@ def parse(argv):
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)} "
-                     f"(CI uses {', '.join(CI_KINDS)})")
+                     f"(CI uses {', '.join(CI_KINDS)}, then {', '.join(NEW_KINDS)})")
+    if "dead_letter" in kinds and args.nats != "private":
+        parser.error("dead_letter needs --nats private (the run sets its max_payload)")
     if args.no_pg_restart:
         kinds = [k for k in kinds if k != "pg_restart"]
     return args, ChaosOptions(
@@ -67,7 +76,8 @@ def parse(argv):
         per_kind=args.per_kind, interval=args.interval, settle=args.settle, nats=args.nats,
         duplicate_window=args.duplicate_window, workdir=args.workdir, keep=args.keep,
         bystander=not args.no_bystander, final_timeout=args.final_timeout,
-        recovery_timeout=args.recovery_timeout)
+        recovery_timeout=args.recovery_timeout, heartbeat_timeout=args.heartbeat_timeout,
+        max_payload=args.max_payload)
 
 
 def main(argv=None) -> int:

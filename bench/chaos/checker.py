@@ -13,6 +13,11 @@ What is checked, per backend (see docs/chaos.md):
 * **phantoms**: no event for a change the database did not commit (not in the ledger).
 * **content**: ``pk``, ``item`` and ``before`` carry the key and versions of the change, and
   ``Nats-Msg-Id`` equals the payload's ``id``.
+* **dead letters** (``on_undeliverable = "dead_letter"``): a change whose event is larger than
+  the server's ``max_payload`` (``Change.oversized``) must be in the backend's dead-letter file
+  (once, or repeated with the same id) and absent from the stream: it counts as dead-lettered,
+  not lost.  A dead letter of any other change, one that is also in the stream, or a malformed
+  line is an error.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import nats
 from nats.js.api import DeliverPolicy
 
+from .deadletters import FIELDS as DEAD_LETTER_FIELDS
+from .deadletters import DeadLetters
 from .load import FENCE_TABLE, TABLE, Change
 
 EXAMPLES = 10
@@ -125,6 +132,12 @@ class BackendReport:
     same_change_other_id: int = 0
     content_errors: int = 0
     fences: int = 0
+    oversized: int = 0                 # committed changes too large for NATS (by design)
+    dead_lettered: int = 0             # of them, in the dead letters (and not in the stream)
+    oversized_in_stream: int = 0       # too large, yet stored: max_payload was not applied
+    dead_letter_unexpected: int = 0    # a dead letter of a change that was not oversized
+    dead_letter_in_both: int = 0       # a change in the dead letters and in the stream
+    dead_letter_errors: int = 0        # unreadable lines, missing fields, id or table mismatch
     examples: Dict[str, List[str]] = field(default_factory=dict)
 
     def example(self, kind: str, text: str) -> None:
@@ -134,7 +147,9 @@ class BackendReport:
     def ok(self) -> bool:
         return not (self.lost or self.phantoms or self.key_order_violations
                     or self.commit_order_violations or self.same_change_other_id
-                    or self.content_errors)
+                    or self.content_errors or self.oversized_in_stream
+                    or self.dead_letter_unexpected or self.dead_letter_in_both
+                    or self.dead_letter_errors)
 
 
 @dataclass
@@ -179,7 +194,10 @@ def _key_of(event: dict) -> Optional[int]:
     return int(key) if key is not None else None
 
 
-def check(messages: List[StoredMessage], ledger: Dict[str, List[Change]]) -> CheckReport:
+def check(messages: List[StoredMessage], ledger: Dict[str, List[Change]],
+          dead_letters: Optional[Dict[str, DeadLetters]] = None) -> CheckReport:
+    """Compare the stream (``messages``, in stored order) and the backends' dead letters with
+    the ``ledger`` of committed changes."""
     report = CheckReport(stream_messages=len(messages))
     for name in ledger:
         report.backends[name] = BackendReport(name, committed=len(ledger[name]))
@@ -268,11 +286,20 @@ def check(messages: List[StoredMessage], ledger: Dict[str, List[Change]]) -> Che
         matched[name][position] = event["id"]
         order[name].append((position, key, event))
 
+    dead = _match_dead_letters(report, ledger, index, matched, dead_letters or {})
+
     for name, changes in ledger.items():
         backend = report.backends[name]
         newest_delivered = max(matched[name], default=-1)
         for position, change in enumerate(changes):
-            if position not in matched[name]:
+            if change.oversized:
+                backend.oversized += 1
+                if position in matched[name]:
+                    backend.oversized_in_stream += 1
+                    backend.example("oversized_in_stream",
+                                    f"{change.type} key {change.key}: stored although larger "
+                                    f"than max_payload")
+            if position not in matched[name] and position not in dead[name]:
                 backend.lost += 1
                 if position < newest_delivered:
                     backend.lost_holes += 1
@@ -303,6 +330,60 @@ def check(messages: List[StoredMessage], ledger: Dict[str, List[Change]]) -> Che
                 newest, newest_event = position, event
         backend.key_order_violations = len(bad_keys)
     return report
+
+
+def _match_dead_letters(report: CheckReport, ledger: Dict[str, List[Change]],
+                        index: Dict[Tuple[str, int, str, Optional[int]], int],
+                        matched: Dict[str, Dict[int, str]],
+                        dead_letters: Dict[str, DeadLetters]) -> Dict[str, Dict[int, str]]:
+    """Match each backend's dead letters to committed changes; returns position -> id of the
+    changes found there (a repeat with the same id is one change)."""
+    found: Dict[str, Dict[int, str]] = {name: {} for name in ledger}
+    for name, letters in dead_letters.items():
+        backend = report.backends.get(name)
+        if backend is None:
+            continue
+        for line in letters.unreadable:
+            backend.dead_letter_errors += 1
+            backend.example("dead_letter_error", f"unreadable line {line!r}")
+        for letter in letters.letters:
+            event = letter["event"]
+            missing = [f for f in DEAD_LETTER_FIELDS if f not in letter]
+            if missing or letter.get("id") != event.get("id") \
+                    or letter.get("table") != event.get("table"):
+                backend.dead_letter_errors += 1
+                backend.example("dead_letter_error",
+                                f"{letter.get('id')}: missing {missing}, id/table "
+                                f"{letter.get('id')}/{letter.get('table')} for the event's "
+                                f"{event.get('id')}/{event.get('table')}")
+            key, kind = _key_of(event), event.get("type")
+            version = None if kind == "delete" else (event.get("item") or {}).get("version")
+            position = index.get((name, key, kind, version))
+            if position is None:
+                backend.dead_letter_unexpected += 1
+                backend.example("dead_letter_unexpected",
+                                f"{event.get('id')}: {kind} of {event.get('table')} key {key} "
+                                f"version {version} is no committed change")
+                continue
+            previous = found[name].get(position)
+            if previous is not None:
+                if previous != event.get("id"):
+                    backend.same_change_other_id += 1
+                    backend.example("same_change_other_id", f"dead letters {previous} and "
+                                                            f"{event.get('id')}")
+                continue
+            found[name][position] = event.get("id")
+            if not ledger[name][position].oversized:
+                backend.dead_letter_unexpected += 1
+                backend.example("dead_letter_unexpected",
+                                f"{event.get('id')}: {kind} key {key} version {version} is "
+                                f"small enough to deliver")
+            if position in matched[name]:
+                backend.dead_letter_in_both += 1
+                backend.example("dead_letter_in_both", f"{event.get('id')}: {kind} key {key} "
+                                                       f"in the stream too")
+        backend.dead_lettered = sum(1 for p in found[name] if ledger[name][p].oversized)
+    return found
 
 
 def _brief(event: Optional[dict]) -> str:
@@ -351,6 +432,12 @@ def format_report(report: CheckReport) -> str:
             f"{b.key_order_violations}, commit order violations {b.commit_order_violations}, "
             f"same change under another id {b.same_change_other_id}, content errors "
             f"{b.content_errors}, fences {b.fences}")
+        if b.oversized or b.dead_lettered or b.dead_letter_unexpected or b.dead_letter_errors:
+            lines.append(
+                f"{name} dead letters: {b.dead_lettered} of {b.oversized} oversized changes, "
+                f"unexpected {b.dead_letter_unexpected}, also in the stream "
+                f"{b.dead_letter_in_both}, oversized yet stored {b.oversized_in_stream}, "
+                f"malformed {b.dead_letter_errors}")
         for kind, shown in b.examples.items():
             lines.append(f"  {kind}: " + "; ".join(shown))
     for kind, shown in report.examples.items():

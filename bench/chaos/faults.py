@@ -14,11 +14,29 @@ Fault kinds (``KINDS``):
   the CI variant).
 * ``cut_pg``, ``cut_mysql``, ``cut_nats``: the TCP proxy between Lapidus and that server drops
   every connection and refuses new ones for 0.3-2.5 s.
+* ``stop_worker_pg``, ``stop_worker_mysql``, ``stop_dispatcher``, ``stop_supervisor``: ``kill
+  -STOP`` of that process, ``kill -CONT`` after a freeze shorter or longer than the run's
+  ``heartbeat_timeout`` (:mod:`bench.chaos.freezes`).
+* ``reload_backends``, ``reload_sink_option``, ``reload_backend_option``: the configuration
+  file rewritten and SIGHUP to the supervisor, under load: the extra backend removed or added
+  again, a nats option that keeps subjects changed, a backend's ``batch_size`` changed
+  (:mod:`bench.chaos.reloads`).
+* ``dead_letter``: one insert whose event is larger than the private nats-server's
+  ``max_payload``, amid a transaction of the load; with ``on_undeliverable = "dead_letter"``
+  it must land in the backend's dead letters while the stream goes on
+  (:mod:`bench.chaos.deadletters`).
+* ``slow_clients``: 50 clients on the control socket and ``[http] listen`` at once, half of
+  them trickling a byte every half second, half silent; ``lapidusctl status`` must answer
+  meanwhile (:mod:`bench.chaos.slowclients`).
 
 Every fault restores what it broke in a ``finally`` block.  After each fault the injector waits
-until the broken piece is back (a new process, a server answering); with ``settle`` it also
+until the broken piece is back (a new process, a server answering; for the new kinds:
+``lapidusctl status`` shows every configured backend RUNNING with a running process, and the
+dispatcher's process running); with ``settle`` it also
 waits until the stream caught up with everything committed before the fault ended, and records
-how long that took (a timeout there is a finding: Lapidus did not recover).
+how long that took (a timeout there is a finding: Lapidus did not recover).  After the first
+fault that Lapidus did not recover from, the injector stops (and the run ends its load): the
+fences and the checker say what that fault cost.
 """
 
 from __future__ import annotations
@@ -32,13 +50,25 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from . import servers
-from .waiting import ChaosTimeout, hold
+from . import ctl, deadletters, servers
+from .freezes import freeze, freeze_length
+from .load import TABLE
+from .slowclients import SlowCrowd
+from .waiting import ChaosTimeout, hold, wait_for
 
-KINDS = ("kill_worker_pg", "kill_worker_mysql", "kill_dispatcher", "kill_recvlogical",
-         "kill_supervisor", "nats_outage", "mariadb_restart", "pg_restart",
-         "cut_pg", "cut_mysql", "cut_nats")
-CI_KINDS = tuple(k for k in KINDS if k != "pg_restart")
+CLASSIC_KINDS = ("kill_worker_pg", "kill_worker_mysql", "kill_dispatcher", "kill_recvlogical",
+                 "kill_supervisor", "nats_outage", "mariadb_restart", "pg_restart",
+                 "cut_pg", "cut_mysql", "cut_nats")
+STOP_KINDS = ("stop_worker_pg", "stop_worker_mysql", "stop_dispatcher", "stop_supervisor")
+RELOAD_KINDS = ("reload_backends", "reload_sink_option", "reload_backend_option")
+# issue 14's faults; none of them touches the shared PostgreSQL or MariaDB server
+NEW_KINDS = STOP_KINDS + RELOAD_KINDS + ("dead_letter", "slow_clients")
+KINDS = CLASSIC_KINDS + NEW_KINDS
+CI_KINDS = tuple(k for k in CLASSIC_KINDS if k != "pg_restart")
+SLOW_CLIENTS = 50
+SLOW_CLIENTS_STATUS_DEADLINE = 5.0   # lapidusctl status with the crowd connected
+CTL_PATIENCE = 20.0                  # longer than lapidusctl's own timeout on the socket
+RECOVERY = 60.0                      # seconds for a process-level recovery (status RUNNING)
 
 
 @dataclass
@@ -82,6 +112,7 @@ class FaultInjector(threading.Thread):
         self.records: List[FaultRecord] = []
         self.stop_event = threading.Event()
         self.failure: Optional[BaseException] = None
+        self.gave_up = False          # stopped early: Lapidus did not recover from a fault
         self.started_at = time.monotonic()
 
     def stop(self) -> None:
@@ -103,7 +134,13 @@ class FaultInjector(threading.Thread):
                 hold(self.interval * self.rng.uniform(0.5, 1.5), self.stop_event.is_set)
                 if self.stop_event.is_set():
                     return
-                self.inject(kind)
+                record = self.inject(kind)
+                if record.error is not None:
+                    # Lapidus did not recover: every later fault would wait for the same
+                    # recovery and time out, which costs minutes and says nothing new
+                    self.log("no more faults: Lapidus did not recover from the last one")
+                    self.gave_up = True
+                    return
         except BaseException as exc:        # a broken harness must not look like a pass
             self.failure = exc
             self.log(f"fault injector failed: {exc!r}\n{traceback.format_exc()}")
@@ -221,3 +258,141 @@ class FaultInjector(threading.Thread):
 
     def cut_nats(self) -> str:
         return self._cut("nats")
+
+    # -- issue 14: frozen processes ------------------------------------------------------------
+
+    def _wait_recovered(self, what: str, timeout: float = RECOVERY) -> ctl.CtlAnswer:
+        """``lapidusctl status`` shows every configured backend RUNNING with a running process,
+        and the dispatcher's process runs; ChaosTimeout naming the last status otherwise."""
+        run = self.run_
+        last: List[ctl.CtlAnswer] = []
+
+        def recovered():
+            answer = ctl.status(run.lapidus.config_path, timeout=CTL_PATIENCE,
+                                log=run.ctl_log)
+            last[:] = [answer]
+            return answer if ctl.all_running(answer, run.backend_names) else None
+        try:
+            return wait_for(recovered, timeout, what, interval=0.3)
+        except ChaosTimeout as exc:
+            raise ChaosTimeout(f"{exc}; last status: "
+                               f"{ctl.describe(last[0]) if last else '-'}") from None
+
+    def _freeze_child(self, name: str) -> str:
+        run = self.run_
+        self._wait_recovered(f"every backend RUNNING before freezing {name}")
+        pid = run.lapidus.wait_child(name, timeout=60)
+        length = freeze_length(self.rng, run.heartbeat_timeout)
+        existed = freeze(pid, length)
+        self._wait_recovered(f"every backend RUNNING after {name} was frozen {length:.1f}s")
+        now = run.lapidus.find(name)
+        fate = "resumed" if existed and now == pid else f"replaced by {now}"
+        return (f"pid {pid} frozen {length:.1f}s (heartbeat_timeout "
+                f"{run.heartbeat_timeout:g}s), {fate}")
+
+    def stop_worker_pg(self) -> str:
+        return self._freeze_child(f"lapidus:{self.run_.PG_BACKEND}")
+
+    def stop_worker_mysql(self) -> str:
+        return self._freeze_child(f"lapidus:{self.run_.MYSQL_BACKEND}")
+
+    def stop_dispatcher(self) -> str:
+        return self._freeze_child("lapidus:dispatch")
+
+    def stop_supervisor(self) -> str:
+        run = self.run_
+        self._wait_recovered("every backend RUNNING before freezing the supervisor")
+        pid = run.lapidus.proc.pid
+        length = freeze_length(self.rng, run.heartbeat_timeout)
+        freeze(pid, length)
+        self._wait_recovered(f"every backend RUNNING after the supervisor was frozen "
+                             f"{length:.1f}s")
+        return f"pid {pid} frozen {length:.1f}s (heartbeat_timeout {run.heartbeat_timeout:g}s)"
+
+    # -- issue 14: reloads -------------------------------------------------------------------
+
+    def _reload(self, change: str, restarted: Optional[str] = None) -> str:
+        """Rewrite the configuration (already flipped in the plan), SIGHUP, and wait until the
+        reload is logged and every configured backend runs; with ``restarted`` (a child's
+        name) also until that child is a new process."""
+        run = self.run_
+        old = run.lapidus.find(restarted) if restarted else None
+        offset = run.lapidus.reload(run.plan.render())
+        run.lapidus.wait_logged("configuration reloaded", offset, timeout=RECOVERY)
+        if restarted:
+            run.lapidus.wait_child(restarted, other_than=old, timeout=RECOVERY)
+        self._wait_recovered(f"every backend RUNNING after the reload ({change})")
+        return change + (f", {restarted} pid {old} -> {run.lapidus.find(restarted)}"
+                         if restarted else "")
+
+    def reload_backends(self) -> str:
+        run = self.run_
+        change = "extra backend " + run.plan.flip_extra()
+        detail = self._reload(change)
+        if not run.plan.extra_present:
+            run.lapidus.wait_children_gone(f"lapidus:{run.EXTRA_BACKEND}", timeout=RECOVERY)
+        return detail
+
+    def reload_sink_option(self) -> str:
+        # a plugin option of every backend: the dispatcher is restarted with the new sinks
+        return self._reload(self.run_.plan.flip_sink_option(), restarted="lapidus:dispatch")
+
+    def reload_backend_option(self) -> str:
+        run = self.run_
+        backend = self.rng.choice([run.PG_BACKEND, run.MYSQL_BACKEND])
+        return self._reload(run.plan.flip_backend_option(backend),
+                            restarted=f"lapidus:{backend}")
+
+    # -- issue 14: an event too large for NATS ---------------------------------------------------
+
+    def dead_letter(self) -> str:
+        """An oversized insert amid one of the load's transactions; back when it is in the
+        backend's dead letters and the stream caught up past it (the backend goes on)."""
+        run = self.run_
+        writer = self.rng.choice([t for t in run.loads if t.backend in
+                                  (run.PG_BACKEND, run.MYSQL_BACKEND)])
+        before = writer.request_oversized(run.options.oversized_pad)
+        change = wait_for(lambda: writer.oversized_after(before), RECOVERY,
+                          f"{writer.backend}: the oversized insert committed")
+        wait_for(lambda: deadletters.holds(run.state_dir, writer.backend, change.key, TABLE),
+                 RECOVERY, f"{writer.backend}: key {change.key} in "
+                           f"{deadletters.path_of(run.state_dir, writer.backend)}",
+                 interval=0.2)
+        return (f"{writer.backend} key {change.key} ({run.options.oversized_pad} bytes of pad, "
+                f"max_payload {run.options.max_payload}) dead-lettered")
+
+    # -- issue 14: slow clients ----------------------------------------------------------------
+
+    def slow_clients(self) -> str:
+        """50 slow clients for a few seconds; meanwhile ``lapidusctl status`` must answer
+        within SLOW_CLIENTS_STATUS_DEADLINE, every time it is asked."""
+        run = self.run_
+        length = self.rng.uniform(3.0, 6.0)
+        slow: List[str] = []
+        asked = 0
+        with SlowCrowd(str(run.control_socket), run.http_address, SLOW_CLIENTS) as crowd:
+            began = time.monotonic()
+            while time.monotonic() - began < length:     # the crowd's stay, by design
+                # lapidusctl gets longer than the deadline, so that its own handling of a
+                # supervisor that does not answer (a line, or a traceback) shows too
+                answer = ctl.status(run.lapidus.config_path, timeout=CTL_PATIENCE,
+                                    log=run.ctl_log)
+                asked += 1
+                if answer.status is None or answer.seconds > SLOW_CLIENTS_STATUS_DEADLINE:
+                    slow.append((f"answered after {answer.seconds:.1f}s" if answer.status
+                                 else answer.reason())
+                                + (" (with a traceback)" if answer.traceback else ""))
+                hold(0.5)                                 # pace of the questions
+            summary = crowd.summary()
+        detail = f"{summary}, {length:.1f}s, status asked {asked} times"
+        problems = []
+        if slow:
+            problems.append(f"{len(slow)} not answered within "
+                            f"{SLOW_CLIENTS_STATUS_DEADLINE:g}s: {'; '.join(slow[:3])}")
+        try:
+            self._wait_recovered("every backend RUNNING after the slow clients left")
+        except ChaosTimeout as exc:
+            problems.append(str(exc))
+        if problems:
+            raise ChaosTimeout(f"{detail}; " + "; ".join(problems))
+        return detail

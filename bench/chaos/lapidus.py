@@ -52,13 +52,29 @@ class LapidusProcess:
         self.workdir = workdir
         self.config = config
         self.config_path = workdir / "lapidus.json"
-        self.config_path.write_text(json.dumps(config, indent=2))
+        self.write_config(config)
         self.log_path = workdir / "lapidus.log"
         self.proc: Optional[subprocess.Popen] = None
         self.starts = 0
         self._log_offset = 0        # where the current run's log begins
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def write_config(self, config: dict) -> None:
+        """Replace the configuration file whole (temp file and rename: a reload never reads
+        half a file); the next start or reload uses it."""
+        self.config = config
+        temp = self.config_path.with_suffix(".json.new")
+        temp.write_text(json.dumps(config, indent=2))
+        os.replace(temp, self.config_path)
+
+    def reload(self, config: dict) -> int:
+        """Write ``config`` and send SIGHUP to the supervisor; returns the log offset before
+        the signal (for :meth:`wait_logged`)."""
+        self.write_config(config)
+        offset = self.log_size()
+        self.proc.send_signal(signal.SIGHUP)
+        return offset
 
     def start(self) -> None:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -73,15 +89,17 @@ class LapidusProcess:
         """Every backend logged "streaming" in this run of the supervisor."""
         def ready():
             if self.proc.poll() is not None:
-                raise ChaosTimeout(f"lapidus exited with {self.proc.returncode}; log:\n"
-                                   f"{self.log_tail()}")
+                return "exited"         # not an exception: wait_for would take it for "not yet"
             seen = {r.get("backend") for r in self.records(current=True)
                     if r.get("event") == "streaming"}
             return set(backends) <= seen
         try:
-            wait_for(ready, timeout, f"backends {backends} streaming")
+            outcome = wait_for(ready, timeout, f"backends {backends} streaming")
         except ChaosTimeout as exc:
             raise ChaosTimeout(f"{exc}\n{self.log_tail()}") from None
+        if outcome == "exited":
+            raise ChaosTimeout(f"lapidus exited with {self.proc.returncode} before backends "
+                               f"{backends} streamed; log:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -108,6 +126,10 @@ class LapidusProcess:
         return stop_group(self.proc, timeout)
 
     # -- processes ---------------------------------------------------------------------------
+
+    def wait_children_gone(self, name: str, timeout: float = 60.0) -> None:
+        """No child named ``name`` is left (a removed backend's worker has exited)."""
+        wait_for(lambda: self.find(name) is None, timeout, f"process {name} to exit")
 
     def children(self) -> List[psutil.Process]:
         try:
@@ -140,15 +162,38 @@ class LapidusProcess:
                 log.seek(self._log_offset)
             return log.read().decode("utf-8", "replace")
 
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def records_since(self, offset: int) -> List[dict]:
+        """The JSON log records written after byte ``offset`` of the log file."""
+        if not self.log_path.exists():
+            return []
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return _parse(log.read().decode("utf-8", "replace"))
+
+    def wait_logged(self, event: str, offset: int, timeout: float = 60.0) -> dict:
+        """The first record with ``event`` logged after ``offset``."""
+        def logged():
+            return next((r for r in self.records_since(offset) if r.get("event") == event),
+                        None)
+        return wait_for(logged, timeout, f"lapidus to log {event!r}", interval=0.1)
+
     def records(self, current: bool = False) -> List[dict]:
-        out = []
-        for line in self.log_text(current).splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return _parse(self.log_text(current))
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_text()[-chars:]
+
+
+def _parse(text: str) -> List[dict]:
+    """The JSON records of a log text (other lines, a torn last one, are skipped)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out

@@ -49,12 +49,14 @@ class Change(NamedTuple):
     type: str          # insert / update / delete
     version: int       # the row's version after the change; the deleted version for a delete
     tx: int            # the writer's transaction number
+    oversized: bool = False   # its event exceeds the NATS max_payload: for the dead letters
 
 
 class Op(NamedTuple):
     type: str
     key: int
     version: int       # after the change (delete: the version deleted)
+    oversized: int = 0  # bytes of padding that make its event too large for NATS (0: normal)
 
 
 @dataclass
@@ -88,10 +90,14 @@ class Ledger:
                 self._file.write("".join(json.dumps(c._asdict()) + "\n" for c in changes))
                 self._file.flush()
 
-    def last(self, backend: str) -> Optional[Change]:
+    def last(self, backend: str, deliverable: bool = False) -> Optional[Change]:
+        """The newest change of ``backend``; with ``deliverable``, the newest that the stream
+        can hold (not oversized)."""
         with self._lock:
-            changes = self.changes.get(backend)
-            return changes[-1] if changes else None
+            for change in reversed(self.changes.get(backend, ())):
+                if not (deliverable and change.oversized):
+                    return change
+            return None
 
     def count(self, backend: Optional[str] = None) -> int:
         with self._lock:
@@ -134,6 +140,37 @@ class TableLoad(threading.Thread):
         self.tx = 0
         self.conn = None
         self.session = None
+        self._oversized_lock = threading.Lock()
+        self._oversized_wanted = 0              # pad bytes of the next oversized insert
+        self.oversized: List[Change] = []       # committed oversized inserts
+
+    # -- oversized rows (the dead_letter fault) ----------------------------------------------
+
+    def request_oversized(self, pad_bytes: int) -> int:
+        """Ask for one insert with ``pad_bytes`` of padding in the next transaction (among its
+        other changes); returns how many oversized inserts had committed before, for
+        :meth:`oversized_after`.  Its key is never updated or deleted afterwards: with the
+        whole old row in ``before`` every later change of it would be oversized too."""
+        with self._oversized_lock:
+            self._oversized_wanted = pad_bytes
+            return len(self.oversized)
+
+    def oversized_after(self, count: int) -> Optional[Change]:
+        """The oversized insert that committed after the first ``count`` ones, if any yet."""
+        with self._oversized_lock:
+            return self.oversized[count] if len(self.oversized) > count else None
+
+    def _take_oversized(self) -> int:
+        with self._oversized_lock:
+            wanted, self._oversized_wanted = self._oversized_wanted, 0
+            return wanted
+
+    def _oversized_lost(self, ops: List[Op]) -> None:
+        """The transaction did not commit: ask again for its oversized insert."""
+        for op in ops:
+            if op.oversized:
+                with self._oversized_lock:
+                    self._oversized_wanted = self._oversized_wanted or op.oversized
 
     # -- database specifics ------------------------------------------------------------------
 
@@ -214,6 +251,11 @@ class TableLoad(threading.Thread):
             else:
                 overlay[key] = None
                 ops.append(Op("delete", key, version))
+        oversized = self._take_oversized()
+        if oversized:
+            key = self.next_key
+            self.next_key += 1
+            ops.insert(rng.randint(0, len(ops)), Op("insert", key, 1, oversized))
         return ops
 
     def _pick(self, overlay: Dict[int, Optional[int]], inserted: List[int]) -> Optional[int]:
@@ -248,7 +290,7 @@ class TableLoad(threading.Thread):
         self._apply(ops)
 
     def execute(self, cur, op: Op) -> None:
-        pad = "p" * self.rng.randint(8, 160)
+        pad = "p" * self.rng.randint(8, 160) if not op.oversized else "O" * op.oversized
         if op.type == "insert":
             cur.execute(f"INSERT INTO {TABLE} (id, version, pad) VALUES (%s, %s, %s)",
                         (op.key, op.version, pad))
@@ -264,12 +306,17 @@ class TableLoad(threading.Thread):
 
     def _apply(self, ops: List[Op]) -> None:
         for op in ops:
+            if op.oversized:
+                continue          # never touched again (see request_oversized)
             if op.type == "delete":
                 self._forget(op.key)
             else:
                 self._remember(op.key, op.version)
-        self.ledger.record([Change(self.backend, op.key, op.type, op.version, self.tx)
-                            for op in ops])
+        changes = [Change(self.backend, op.key, op.type, op.version, self.tx, bool(op.oversized))
+                   for op in ops]
+        self.ledger.record(changes)
+        with self._oversized_lock:
+            self.oversized.extend(c for c in changes if c.oversized)
 
     def _remember(self, key: int, version: int) -> None:
         if key not in self.live:
@@ -348,6 +395,7 @@ class TableLoad(threading.Thread):
             self._apply(ops)
         elif seen == before:
             self.stats.resolved_rolled_back += 1
+            self._oversized_lost(ops)
         else:
             raise LedgerError(f"{self.backend}: transaction {self.tx} is neither committed nor "
                               f"rolled back: rows {seen}, before {before}, after {after}")

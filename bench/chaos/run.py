@@ -25,10 +25,11 @@ from typing import Callable, Dict, List, Optional
 
 import nats
 
-from . import checker, load, servers
-from .faults import CI_KINDS, KINDS, FaultInjector
+from . import checker, ctl, deadletters, load, servers
+from .faults import CI_KINDS, KINDS, NEW_KINDS, RECOVERY, STOP_KINDS, FaultInjector
 from .lapidus import LapidusProcess
 from .proxy import TcpProxy
+from .reloads import ConfigPlan
 from .waiting import ChaosTimeout, wait_for
 
 
@@ -49,12 +50,22 @@ class ChaosOptions:
     keep: bool = False
     big_tx_share: float = 0.03
     bystander: bool = True              # a MariaDB writer in another database (see load.py)
+    # with a stop_* kind: short, so that half of the freezes outlast it
+    heartbeat_timeout: float = 3.0
+    # with dead_letter: the private nats-server's max_payload, and the padding of an
+    # oversized row (a MariaDB TEXT holds at most 65,535 bytes)
+    max_payload: int = 32 * 1024
+    oversized_pad: int = 40_000
+    extra_rate_share: float = 0.25      # the extra backend's writer, of ``rate``
+
+    def uses(self, *kinds: str) -> bool:
+        return any(kind in self.kinds for kind in kinds)
 
 
 class ChaosRun:
     PG_BACKEND = "pg"
     MYSQL_BACKEND = "maria"
-    backend_names = [PG_BACKEND, MYSQL_BACKEND]
+    EXTRA_BACKEND = "extra"     # MariaDB, its own database; with reload_backends only
 
     def __init__(self, options: ChaosOptions, log: Callable[[str], None] = print):
         self.options = options
@@ -76,6 +87,32 @@ class ChaosRun:
         self._created = set()
         self.report: Optional[checker.CheckReport] = None
         self.result: dict = {}
+        self.plan: Optional[ConfigPlan] = None
+        self.ctl_log = ctl.CtlLog()
+        self.http_address = None if not options.uses("slow_clients") \
+            else (servers.HOST, servers.free_port())
+        self.heartbeat_timeout = options.heartbeat_timeout if options.uses(*STOP_KINDS) \
+            else None
+        self.has_extra = options.uses("reload_backends")
+
+    @property
+    def backend_names(self) -> List[str]:
+        """The backends of the configuration as it is now (reloads change it)."""
+        if self.plan is None:
+            return [self.PG_BACKEND, self.MYSQL_BACKEND]
+        return self.plan.backend_names()
+
+    @property
+    def extra_db(self) -> str:
+        return f"{self.name}_extra"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.state_dir / "lapidus.sock"
 
     @property
     def bystander_db(self) -> str:
@@ -89,8 +126,12 @@ class ChaosRun:
 
     def setup(self) -> None:
         opts = self.options
-        self.nats_server = (servers.NatsServer.private(self.workdir) if opts.nats == "private"
-                            else servers.NatsServer.shared())
+        max_payload = opts.max_payload if opts.uses("dead_letter") else None
+        if max_payload is not None and opts.nats != "private":
+            raise ValueError("the dead_letter fault needs the private nats-server (its "
+                             "max_payload is set small)")
+        self.nats_server = (servers.NatsServer.private(self.workdir, max_payload)
+                            if opts.nats == "private" else servers.NatsServer.shared())
         self._created.add("nats")
         self.nats_server.ensure()
         self._create_stream()
@@ -102,22 +143,31 @@ class ChaosRun:
         if opts.bystander:
             self._created.add("bystander")
             load.create_mysql_database(self.bystander_db, fence=False)
+        if self.has_extra:
+            self._created.add("extra")
+            load.create_mysql_database(self.extra_db)
         self.proxies = {
             "postgresql": TcpProxy("postgresql", servers.PG_PORT).start(),
             "mysql": TcpProxy("mysql", servers.MYSQL_PORT).start(),
             "nats": TcpProxy("nats", self.nats_server.port).start(),
         }
-        self.lapidus = LapidusProcess(self._config(), self.workdir)
+        self.plan = ConfigPlan(*self._config())
+        self.lapidus = LapidusProcess(self.plan.render(), self.workdir)
         self.lapidus.start()
         self.lapidus.wait_streaming(self.backend_names)
 
-    def _config(self) -> dict:
+    def _config(self):
+        """The base configuration and the extra backend's entry (None without one)."""
+        opts = self.options
         server_id = 200_000_000 + (os.getpid() % 1_000_000) * 10 + int(time.time()) % 10
-        return {
-            "state_dir": str(self.workdir / "state"),
+        supervisor = {"backoff_initial": 0.1, "backoff_max": 2.0, "max_restarts": 10_000,
+                      "restart_window": 60}
+        if self.heartbeat_timeout is not None:
+            supervisor["heartbeat_timeout"] = self.heartbeat_timeout
+        config = {
+            "state_dir": str(self.state_dir),
             "log": {"format": "json", "level": "info"},
-            "supervisor": {"backoff_initial": 0.1, "backoff_max": 2.0, "max_restarts": 10_000,
-                           "restart_window": 60},
+            "supervisor": supervisor,
             "backends": [
                 {"name": self.PG_BACKEND, "type": "postgresql", "host": servers.HOST,
                  "port": self.proxies["postgresql"].port, "user": servers.PG_USER,
@@ -132,6 +182,16 @@ class ChaosRun:
                 "jetstream": True, "subject_prefix": self.prefix,
                 "reconnect_time_wait": 0.25, "connect_timeout": 1, "ack_timeout": 2}},
         }
+        extra = None
+        if self.has_extra:
+            extra = dict(config["backends"][1], name=self.EXTRA_BACKEND,
+                         database=self.extra_db, server_id=server_id + 1)
+        if self.http_address is not None:
+            config["http"] = {"listen": f"{self.http_address[0]}:{self.http_address[1]}"}
+        if opts.uses("dead_letter"):
+            for backend in config["backends"] + ([extra] if extra else []):
+                backend["on_undeliverable"] = "dead_letter"
+        return config, extra
 
     def _create_stream(self) -> None:
         async def create():
@@ -158,7 +218,8 @@ class ChaosRun:
     # -- progress ------------------------------------------------------------------------------
 
     def subject_of(self, backend: str, table: str, key: int) -> str:
-        schema = "public" if backend == self.PG_BACKEND else self.name
+        schema = {self.PG_BACKEND: "public", self.MYSQL_BACKEND: self.name,
+                  self.EXTRA_BACKEND: self.extra_db}[backend]
         return f"{self.prefix}.{schema}.{table}.{key}"
 
     def _stored(self, backend: str, change: load.Change) -> bool:
@@ -172,8 +233,11 @@ class ChaosRun:
         return event["item"]["version"] >= change.version
 
     def wait_caught_up(self, timeout: float) -> None:
-        """The stream holds the newest change each backend had committed when called."""
-        targets = {name: self.ledger.last(name) for name in self.backend_names}
+        """The stream holds the newest change each configured backend had committed when
+        called (a removed backend catches up once it is added again).  An oversized change
+        is never in the stream: the newest other one stands for it."""
+        targets = {name: self.ledger.last(name, deliverable=True)
+                   for name in self.backend_names}
         for name, change in targets.items():
             if change is not None:
                 wait_for(lambda: self._stored(name, change), timeout,
@@ -184,6 +248,8 @@ class ChaosRun:
         fence_id = int(time.time())
         load.write_fence("postgresql", self.name, fence_id)
         load.write_fence("mysql", self.name, fence_id)
+        if self.has_extra:
+            load.write_fence("mysql", self.extra_db, fence_id)
         for backend in self.backend_names:
             subject = self.subject_of(backend, load.FENCE_TABLE, fence_id)
             wait_for(lambda: checker.last_on_subject(self.nats_server.url, self.stream,
@@ -201,6 +267,10 @@ class ChaosRun:
             load.MariaLoad(self.MYSQL_BACKEND, self.name, self.ledger, opts.seed * 1000 + 2,
                            opts.rate, big_tx_share=opts.big_tx_share),
         ]
+        if self.has_extra:
+            self.loads.append(load.MariaLoad(
+                self.EXTRA_BACKEND, self.extra_db, self.ledger, opts.seed * 1000 + 4,
+                opts.rate * opts.extra_rate_share, big_tx_share=opts.big_tx_share))
         self.injector = FaultInjector(self, opts.kinds, opts.seed, opts.interval,
                                       per_kind=opts.per_kind, settle=opts.settle,
                                       recovery_timeout=opts.recovery_timeout, log=self.log)
@@ -218,9 +288,9 @@ class ChaosRun:
                 opts.recovery_timeout + 120)
             while True:
                 now = time.monotonic()
-                if self.injector.failure is not None \
+                if self.injector.failure is not None or self.injector.gave_up \
                         or any(t.failure is not None for t in self.loads):
-                    break
+                    break       # gave up: more load would only add to what is undelivered
                 if opts.per_kind is None:
                     if now >= deadline:
                         break
@@ -264,8 +334,21 @@ class ChaosRun:
         drain_seconds = time.monotonic() - drained_from
 
         messages = checker.read_stream(self.nats_server.url, self.stream, f"{self.prefix}.>")
-        self.report = checker.check(messages, self.ledger.snapshot())
+        ledger = self.ledger.snapshot()
+        self.report = checker.check(messages, ledger,
+                                    deadletters.read_all(self.state_dir, ledger))
         log_records = self.lapidus.records()
+        logs = {
+            "tracebacks": self.lapidus.log_text().count("Traceback"),
+            "fatal": sum(1 for r in log_records if "FATAL" in str(r.get("event", ""))),
+        }
+        # issue 14's goal: no FATAL and no traceback, in the log or from lapidusctl
+        if logs["fatal"]:
+            self.findings.append(f"{logs['fatal']} FATAL in the Lapidus log")
+        if logs["tracebacks"]:
+            self.findings.append(f"{logs['tracebacks']} tracebacks in the Lapidus log")
+        if self.ctl_log.tracebacks:
+            self.findings.append(f"lapidusctl printed {self.ctl_log.tracebacks} tracebacks")
         self.result = {
             "seed": opts.seed, "load_seconds": round(load_seconds, 1),
             "drain_seconds": round(drain_seconds, 1),
@@ -276,13 +359,16 @@ class ChaosRun:
             "bystander_writes": self.bystander.writes if self.bystander is not None else None,
             "lapidus_starts": self.lapidus.starts,
             "lapidus_log": {
-                "tracebacks": self.lapidus.log_text().count("Traceback"),
-                "fatal": sum(1 for r in log_records if "FATAL" in str(r.get("event", ""))),
+                **logs,
                 "worker_restarts": sum(1 for r in log_records
                                        if r.get("event") == "exited; restarting after backoff"),
                 "dispatcher_restarts": sum(1 for r in log_records
                                            if r.get("event") == "dispatcher died; restarting it"),
+                "reloads": sum(1 for r in log_records
+                               if r.get("event") == "configuration reloaded"),
             },
+            "lapidusctl": {"calls": self.ctl_log.calls, "tracebacks": self.ctl_log.tracebacks,
+                           "failures": self.ctl_log.failures},
             "check": self.report.as_dict(),
             "findings": list(self.findings),
             "ok": self.report.ok and not self.findings,
@@ -298,6 +384,15 @@ class ChaosRun:
         self.nats_server.ensure()
         servers.ensure_mariadb()
         servers.ensure_postgresql()
+        if self.plan is not None and self.has_extra and not self.plan.extra_present \
+                and self.lapidus.alive():
+            # its writer went on: everything it committed must arrive once it is back
+            self.plan.flip_extra()
+            offset = self.lapidus.reload(self.plan.render())
+            try:
+                self.lapidus.wait_logged("configuration reloaded", offset, timeout=RECOVERY)
+            except ChaosTimeout as exc:
+                self.findings.append(f"adding the extra backend back: {exc}")
 
     # -- clean-up ------------------------------------------------------------------------------
 
@@ -328,6 +423,9 @@ class ChaosRun:
         if "bystander" in self._created:
             attempt("drop the bystander database",
                     lambda: load.drop_mysql_database(self.bystander_db))
+        if "extra" in self._created:
+            attempt("drop the extra backend's database",
+                    lambda: load.drop_mysql_database(self.extra_db))
         if "nats" in self._created:
             attempt("nats", self.nats_server.ensure)
             if "stream" in self._created:
@@ -357,8 +455,13 @@ def format_result(result: dict, report: Optional[checker.CheckReport]) -> str:
                      f"transactions")
     logs = result["lapidus_log"]
     lines.append(f"lapidus log: {logs['worker_restarts']} worker restarts, "
-                 f"{logs['dispatcher_restarts']} dispatcher restarts, {logs['fatal']} FATAL, "
-                 f"{logs['tracebacks']} tracebacks")
+                 f"{logs['dispatcher_restarts']} dispatcher restarts, {logs['reloads']} "
+                 f"reloads, {logs['fatal']} FATAL, {logs['tracebacks']} tracebacks")
+    ctl_calls = result.get("lapidusctl") or {}
+    if ctl_calls.get("calls"):
+        lines.append(f"lapidusctl status: {ctl_calls['calls']} calls, "
+                     f"{len(ctl_calls['failures'])} without an answer, "
+                     f"{ctl_calls['tracebacks']} tracebacks")
     if report is not None:
         lines.append(checker.format_report(report))
     for finding in result["findings"]:
@@ -380,4 +483,5 @@ def run_chaos(options: ChaosOptions, log: Callable[[str], None] = print) -> Chao
     return run
 
 
-__all__ = ["ChaosOptions", "ChaosRun", "run_chaos", "format_result", "KINDS", "CI_KINDS"]
+__all__ = ["ChaosOptions", "ChaosRun", "run_chaos", "format_result", "KINDS", "CI_KINDS",
+           "NEW_KINDS"]

@@ -195,7 +195,9 @@ class NatsServer:
     test NATS's own durability (it fsyncs every 2 minutes by default), not Lapidus's.
     """
 
-    def __init__(self, port: int, store_dir: Optional[Path], log_path: Optional[Path]):
+    def __init__(self, port: int, store_dir: Optional[Path], log_path: Optional[Path],
+                 config_path: Optional[Path] = None):
+        self.config_path = config_path      # private only: settings beyond the command line
         self.port = port
         self.url = f"nats://{HOST}:{port}"
         self.store_dir = store_dir
@@ -204,8 +206,15 @@ class NatsServer:
         self.proc: Optional[subprocess.Popen] = None
 
     @classmethod
-    def private(cls, directory: Path) -> "NatsServer":
-        server = cls(free_port(), directory / "jetstream", directory / "nats-server.log")
+    def private(cls, directory: Path, max_payload: Optional[int] = None) -> "NatsServer":
+        """``max_payload``: the largest message the server accepts (its command line has no
+        option for it, so a configuration file carries it)."""
+        config_path = None
+        if max_payload is not None:
+            config_path = directory / "nats-server.conf"
+            config_path.write_text(f"max_payload: {int(max_payload)}\n")
+        server = cls(free_port(), directory / "jetstream", directory / "nats-server.log",
+                     config_path)
         # A copy of the binary: ``start-stop-daemon --start --oknodo --exec
         # /usr/sbin/nats-server`` (how the shared server is started, by the tests too) would
         # take a private server run from the same file for the shared one, and start nothing.
@@ -224,8 +233,9 @@ class NatsServer:
     def start(self, timeout: float = 30.0) -> None:
         if self.is_private:
             if self.proc is None or self.proc.poll() is not None:
+                extra = ["-c", str(self.config_path)] if self.config_path else []
                 self.proc = subprocess.Popen(
-                    [str(self.binary), "-a", HOST, "-p", str(self.port), "-js", "-sd",
+                    [str(self.binary), *extra, "-a", HOST, "-p", str(self.port), "-js", "-sd",
                      str(self.store_dir), "-l", str(self.log_path)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL)

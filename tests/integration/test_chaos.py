@@ -7,9 +7,13 @@ proxies between Lapidus and the servers: twice each.  PostgreSQL is not restarte
 suites share it; the long run does it).  After each fault the run waits until the stream caught
 up, so the faults never overlap and the test is deterministic enough for CI.
 
+A second short run does the same with issue 14's faults (frozen processes, reloads, an event
+too large for NATS that must go to the dead letters, slow clients), once each.
+
 The checker compares the stream with the ledger of committed changes: nothing lost, per-key and
-per-backend commit order, no id stored twice, no change under two ids.  Its own logic is tested
-first, without servers, on streams with a known defect.
+per-backend commit order, no id stored twice, no change under two ids, an oversized change in
+the dead letters and not in the stream.  Its own logic is tested first, without servers, on
+streams with a known defect.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import shutil
 
 import pytest
 
-from bench.chaos import checker
-from bench.chaos.faults import CI_KINDS
+from bench.chaos import checker, deadletters
+from bench.chaos.faults import CI_KINDS, NEW_KINDS
 from bench.chaos.load import Change
+from bench.chaos.reloads import ConfigPlan
 from bench.chaos.run import ChaosOptions, format_result, run_chaos
 from bench.chaos.servers import (NATS_SERVER, ensure_mariadb, mariadb_answers, pg_answers,
                                  restart_mariadb)
@@ -96,6 +101,93 @@ def test_checker_reports_loss_order_phantoms_and_one_change_under_two_ids():
     assert checker.check(wrong_header, LEDGER).header_mismatches == 1
 
 
+def _letter(event, **changes):
+    letter = {"id": event["id"], "table": event["table"], "size": 40_000,
+              "error": "too large", "fix": "raise max_payload", "at": 1.0, "event": event}
+    letter.update(changes)
+    return letter
+
+
+def _dead(backend, *letters, unreadable=()):
+    return {backend: deadletters.DeadLetters(backend, list(letters), list(unreadable))}
+
+
+# key 3 is oversized: inserted between the update and the delete of key 1, never touched again
+DL_LEDGER = {"pg": LEDGER["pg"][:3] + [Change("pg", 3, "insert", 1, 2, oversized=True),
+                                       LEDGER["pg"][3]]}
+BIG = _event("pg", 3, "insert", 1, "big")
+
+
+def test_checker_counts_an_oversized_change_in_the_dead_letters_as_delivered_not_lost():
+    report = checker.check(_stream(GOOD), DL_LEDGER, _dead("pg", _letter(BIG), _letter(BIG)))
+    backend = report.backends["pg"]
+    assert report.ok and report.lost == 0, checker.format_report(report)
+    assert (backend.oversized, backend.dead_lettered) == (1, 1)
+    assert backend.commit_order_violations == 0       # the stream goes on past it
+
+    missing = checker.check(_stream(GOOD), DL_LEDGER, _dead("pg"))
+    assert missing.lost == 1 and missing.backends["pg"].lost_holes == 1
+    assert not missing.ok
+
+    without_file = checker.check(_stream(GOOD), DL_LEDGER)
+    assert without_file.lost == 1
+
+
+def test_checker_reports_dead_letters_that_are_wrong():
+    # a small change dead-lettered: skipped though it was deliverable
+    small = checker.check(_stream(GOOD[:3]), DL_LEDGER,
+                          _dead("pg", _letter(BIG), _letter(GOOD[3])))
+    assert small.backends["pg"].dead_letter_unexpected == 1 and small.lost == 0
+    assert not small.ok
+    # in the stream and in the dead letters
+    both = checker.check(_stream(GOOD + [BIG]), DL_LEDGER, _dead("pg", _letter(BIG)))
+    assert both.backends["pg"].dead_letter_in_both == 1
+    assert both.backends["pg"].oversized_in_stream == 1
+    # one change under two ids, a field missing, a torn line
+    other_id = dict(BIG, id="pg:big2")
+    twice = checker.check(_stream(GOOD), DL_LEDGER,
+                          _dead("pg", _letter(BIG), _letter(other_id)))
+    assert twice.backends["pg"].same_change_other_id == 1
+    bad = _letter(BIG)
+    del bad["fix"]
+    malformed = checker.check(_stream(GOOD), DL_LEDGER, _dead("pg", bad, unreadable=["{\"id"]))
+    assert malformed.backends["pg"].dead_letter_errors == 2
+    assert malformed.backends["pg"].dead_lettered == 1
+    never = checker.check(_stream(GOOD), DL_LEDGER,
+                          _dead("pg", _letter(BIG), _letter(_event("pg", 9, "insert", 1, "x"))))
+    assert never.backends["pg"].dead_letter_unexpected == 1
+
+
+def test_dead_letter_file_lines_are_read_whole_and_a_torn_line_is_reported(tmp_path):
+    path = deadletters.path_of(tmp_path, "pg")
+    path.parent.mkdir()
+    path.write_text(json.dumps(_letter(BIG)) + "\n" + "not json\n" + '{"id": "pg:half')
+    letters = deadletters.read(tmp_path, "pg")
+    assert [lt["id"] for lt in letters.letters] == ["pg:big"]
+    assert letters.unreadable == ["not json"]      # the unfinished last line waits
+    assert deadletters.holds(tmp_path, "pg", 3, "chaos_rows")
+    assert not deadletters.holds(tmp_path, "pg", 4, "chaos_rows")
+    assert deadletters.read(tmp_path, "nobody").letters == []
+
+
+def test_config_plan_flips_one_thing_at_a_time():
+    base = {"backends": [{"name": "pg"}, {"name": "maria"}],
+            "plugins": {"nats": {"ack_timeout": 2}}}
+    plan = ConfigPlan(base, {"name": "extra"})
+    assert plan.backend_names() == ["pg", "maria", "extra"]
+    assert plan.flip_extra() == "removed" and plan.backend_names() == ["pg", "maria"]
+    plan.flip_sink_option()
+    plan.flip_backend_option("pg")
+    config = plan.render()
+    assert config["plugins"]["nats"]["ack_timeout"] == 2.5
+    assert config["backends"][0]["batch_size"] == 250 and "batch_size" not in config["backends"][1]
+    assert base["plugins"]["nats"]["ack_timeout"] == 2 and "batch_size" not in base["backends"][0]
+    plan.flip_sink_option()
+    plan.flip_backend_option("pg")
+    plan.flip_extra()
+    assert plan.render() == dict(base, backends=base["backends"] + [{"name": "extra"}])
+
+
 # -- the short run --------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -125,6 +217,34 @@ def test_short_chaos_run_loses_nothing(servers_up, tmp_path):
         assert stats["transactions"] > 200, f"{backend}: too little load to mean anything"
     # the faults hit the load: the writer of MariaDB saw its server restart
     assert result["load"]["maria"]["reconnects"] >= 2, text
+    assert result["ok"], text
+
+
+def test_short_chaos_run_with_frozen_processes_reloads_dead_letters_and_slow_clients(
+        servers_up, tmp_path):
+    """Issue 14's faults, once each: a worker, the dispatcher and the supervisor frozen (kill
+    -STOP, then -CONT, shorter or longer than heartbeat_timeout), reloads that remove or add
+    the extra backend and change a nats option and a backend option, an event larger than
+    max_payload with on_undeliverable = "dead_letter", 50 slow clients.  None of them touches
+    the shared database servers."""
+    # this seed freezes the supervisor, the dispatcher and the MariaDB worker longer than
+    # heartbeat_timeout and the PostgreSQL worker shorter (freeze_length draws either)
+    options = ChaosOptions(seconds=10, seed=20261391, rate=40, kinds=list(NEW_KINDS),
+                           per_kind=1, interval=0.8, settle=True, recovery_timeout=60,
+                           final_timeout=90, workdir=str(tmp_path / "chaos"), bystander=False,
+                           heartbeat_timeout=3.0)
+    run = run_chaos(options, log=print)
+    text = format_result(run.result, run.report)
+    print(text)
+    result = run.result
+    assert result["faults"] == {kind: 1 for kind in NEW_KINDS}, text
+    assert not result["findings"], text         # FATAL and tracebacks are findings too
+    assert run.report.ok and run.report.lost == 0, text
+    dead = sum(b.dead_lettered for b in run.report.backends.values())
+    assert dead == result["faults"]["dead_letter"], text
+    assert result["lapidus_log"]["reloads"] >= len(
+        [k for k in NEW_KINDS if k.startswith("reload_")]), text
+    assert run.report.backends["extra"].fences == 1, text   # re-added, it caught up
     assert result["ok"], text
 
 
