@@ -175,7 +175,7 @@ class ChaosRun:
                 {"name": self.MYSQL_BACKEND, "type": "mysql", "host": servers.HOST,
                  "port": self.proxies["mysql"].port, "user": servers.MYSQL_USER,
                  "password": "", "database": self.name, "server_id": server_id,
-                 "connect_retry_seconds": 120, "heartbeat_seconds": 1, "connect_timeout": 2},
+                 "heartbeat_seconds": 1, "connect_timeout": 2},
             ],
             "plugins": {"nats": {
                 "servers": [f"nats://{servers.HOST}:{self.proxies['nats'].port}"],
