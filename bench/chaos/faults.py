@@ -334,8 +334,10 @@ class FaultInjector(threading.Thread):
         return detail
 
     def reload_sink_option(self) -> str:
-        # a plugin option of every backend: the dispatcher is restarted with the new sinks
-        return self._reload(self.run_.plan.flip_sink_option(), restarted="lapidus:dispatch")
+        # a global plugin option: every backend that uses the global plugins restarts and gets
+        # sinks made from the new options (the dispatcher keeps running)
+        run = self.run_
+        return self._reload(run.plan.flip_sink_option(), restarted=f"lapidus:{run.PG_BACKEND}")
 
     def reload_backend_option(self) -> str:
         run = self.run_
