@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
-import sys
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend, running, status

@@ -30,7 +30,7 @@ import pymysql
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import LapidusProcess, pg_backend
+from tests.integration.conftest import LapidusProcess, ctl, pg_backend
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -47,12 +47,6 @@ TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")                # binlog: w
 
 
 # --------------------------------------------------------------------------------- helpers
-
-def ctl(config_path, *args):
-    result = subprocess.run([sys.executable, "-m", "lapidus.ctl", "-c", str(config_path), *args],
-                            capture_output=True, text=True, timeout=30)
-    return result.returncode, result.stdout, result.stderr
-
 
 def status(config_path) -> dict:
     """``lapidusctl status --json`` by backend name; {} while the socket is not up yet."""

@@ -13,7 +13,7 @@ from lapidus.events import Record
 from lapidus.sinks.base import UndeliverableError
 from lapidus.supervisor import dispatcher as dispatcher_module
 from lapidus.supervisor.dispatcher import Pipeline
-from lapidus.transport import ACK, unpack_from
+from tests.unit.test_dispatcher_pipeline import RecordingWriter
 
 
 def record(n: int, size: int = 10) -> Record:
@@ -41,21 +41,6 @@ class RefusingSink:
         self.delivered.extend(rec.id for rec in records)
 
 
-class Writer:
-    def __init__(self):
-        self.data = bytearray()
-
-    def write(self, data):
-        self.data += data
-
-    def is_closing(self):
-        return False
-
-    def acks(self):
-        frames, _ = unpack_from(self.data)
-        return [payload for kind, payload in frames if kind == ACK]
-
-
 async def run_until(predicate, pipeline, timeout=5.0):
     task = asyncio.create_task(pipeline.run())
     loop = asyncio.get_running_loop()
@@ -70,7 +55,7 @@ def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_pa
     path = tmp_path / "b" / deadletters.FILE
 
     async def main():
-        sink, writer = RefusingSink(limit=100), Writer()
+        sink, writer = RefusingSink(limit=100), RecordingWriter()
         pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
                             on_undeliverable="dead_letter", dead_letters=path)
         generation = pipeline.attach(writer)
@@ -92,7 +77,7 @@ def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, m
     monkeypatch.setattr(dispatcher_module, "HOLD_RETRY_MAX", 0.05)
 
     async def main():
-        sink, writer = RefusingSink(limit=100), Writer()
+        sink, writer = RefusingSink(limit=100), RecordingWriter()
         pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
                             dead_letters=tmp_path / "b" / deadletters.FILE)
         pipeline.queue.put_nowait((pipeline.attach(writer), 1, [record(1), record(2, 500)]))
@@ -121,7 +106,7 @@ def test_a_resend_delivers_the_dead_letters_again_and_removes_the_file(tmp_path)
     path.rename(path.with_name(deadletters.RESEND_FILE))
 
     async def main():
-        sink, writer = RefusingSink(limit=10_000), Writer()
+        sink, writer = RefusingSink(limit=10_000), RecordingWriter()
         pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
                             on_undeliverable="dead_letter", dead_letters=path)
         pipeline.attach(writer)
