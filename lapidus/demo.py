@@ -16,6 +16,8 @@ import time
 
 import psycopg2
 
+from . import exitcodes
+
 DEMO_DB = "lapidus_demo"
 
 
@@ -71,7 +73,7 @@ def run_demo(dsn: str) -> int:
         print(f"lapidus demo: cannot connect to PostgreSQL ({dsn}): {exc}".strip(), file=sys.stderr)
         print("Start PostgreSQL, or pass --dsn; 'make demo' also configures a local server.",
               file=sys.stderr)
-        return 1
+        return exitcodes.RUNTIME
     state_dir = tempfile.mkdtemp(prefix="lapidus-demo-")
     config = parse_config({
         "state_dir": state_dir,

@@ -427,8 +427,8 @@ class Dispatcher:
             return exitcodes.OUTPUT_CLOSED
         if self.failed is not None:
             self.log.error("dispatcher failed", error=repr(self.failed))
-            return 1
-        return 0
+            return exitcodes.CHILD_ERROR
+        return exitcodes.CHILD_OK
 
 
 def dispatcher_main(config, socket_path: str, parent_pid: int, status=None) -> None:
