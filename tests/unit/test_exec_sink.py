@@ -148,7 +148,8 @@ def test_stderr_and_stdout_lines_go_to_the_log_with_the_backend(tmp_path):
         with structlog.testing.capture_logs() as logs:
             sink = ExecSink({"command": script}, "shop")
             await sink.send(recs(7))
-            await wait_for(lambda: any(e.get("line") == 'seen {"n":7}' for e in logs))
+            # both lines: the command's stdout and stderr are read by two tasks
+            await wait_for(lambda: {"seen {\"n\":7}", "out"} <= {e.get("line") for e in logs})
             await sink.close()
         return logs
     logs = asyncio.run(run())
