@@ -573,7 +573,8 @@ def test_postgresql_defaults():
         "connect_timeout": 10, "passfile": None, "database": "shop",
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
         "publication": "lapidus_shop_eu", "publication_mode": "all_tables", "messages": True,
-        "sslmode": None, "fsync_interval": 1.0, "status_interval": 1.0,
+        "sslmode": None, "sslrootcert": None, "sslcert": None, "sslkey": None,
+        "fsync_interval": 1.0, "status_interval": 1.0,
         "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
         "pg_recvlogical": None,
     }
@@ -595,6 +596,7 @@ def test_mysql_defaults_and_derived_server_id():
         "connect_timeout": 10, "database": None, "server_id": S.derived_server_id("crm"),
         "connect_retry_seconds": None, "heartbeat_seconds": 5.0,
         "allow_partial_row_image": False, "flavor": "auto",
+        "ssl_ca": None, "ssl_cert": None, "ssl_key": None, "ssl_verify": None,
     }
     assert 1000 <= a.options["server_id"] <= 4294967295
     assert a.options["server_id"] != b.options["server_id"]
@@ -908,12 +910,13 @@ def test_spec_settings_are_declared():
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",
-        "decoder", "publication", "publication_mode", "messages", "sslmode", "connect_timeout",
-        "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
+        "decoder", "publication", "publication_mode", "messages", "sslmode", "sslrootcert",
+        "sslcert", "sslkey", "connect_timeout", "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
         "slot_warn_bytes", "pg_recvlogical"}
     assert names["mysql"] - common == {
         "host", "port", "user", "password", "database", "server_id", "connect_timeout",
-        "connect_retry_seconds", "heartbeat_seconds", "allow_partial_row_image", "flavor"}
+        "connect_retry_seconds", "heartbeat_seconds", "allow_partial_row_image", "flavor",
+        "ssl_ca", "ssl_cert", "ssl_key", "ssl_verify"}
     assert names["mongo"] - common == {
         "uri", "host", "port", "user", "password", "database", "replica_set", "auth_source",
         "tls", "tls_ca_file", "tls_certificate_key_file", "tls_allow_invalid_certificates",
