@@ -18,7 +18,7 @@ import pytest
 @dataclass(frozen=True)
 class Pki:
     ca: Path            # CA certificate, PEM
-    server_cert: Path   # signed by ca, for 127.0.0.1 / localhost
+    server_cert: Path   # signed by ca, for 127.0.0.1 / localhost unless told otherwise
     server_key: Path
     wrong_ca: Path      # a CA that signed nothing here
 
@@ -35,7 +35,8 @@ def _make_ca(directory: Path, name: str) -> Path:
     return directory / f"{name}.pem"
 
 
-def make_pki(directory: Path) -> Pki:
+def make_pki(directory: Path, names: str = "IP:127.0.0.1, DNS:localhost") -> Pki:
+    """``names``: the server certificate's subjectAltName."""
     if not shutil.which("openssl"):
         pytest.skip("openssl is not installed (apt-get install openssl)")
     directory.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ def make_pki(directory: Path) -> Pki:
     _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
              "-keyout", str(key), "-out", str(csr))
     ext = directory / "server.ext"
-    ext.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n"
+    ext.write_text(f"subjectAltName = {names}\n"
                    "basicConstraints = CA:FALSE\nkeyUsage = digitalSignature, keyEncipherment\n"
                    "extendedKeyUsage = serverAuth\n")
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca),
