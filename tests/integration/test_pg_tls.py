@@ -61,8 +61,8 @@ def server_tls(pki):
             before = {name: (setting, sourcefile) for name, setting, sourcefile in cur.fetchall()}
         try:
             with admin.cursor() as cur:
-                cur.execute("ALTER SYSTEM SET ssl_cert_file = %s", (str(SERVER_TLS_DIR / "server.pem"),))
-                cur.execute("ALTER SYSTEM SET ssl_key_file = %s", (str(SERVER_TLS_DIR / "server.key"),))
+                for name, file in (("ssl_cert_file", "server.pem"), ("ssl_key_file", "server.key")):
+                    cur.execute(f"ALTER SYSTEM SET {name} = %s", (str(SERVER_TLS_DIR / file),))
                 cur.execute("ALTER SYSTEM SET ssl = on")
                 cur.execute("SELECT pg_reload_conf()")
             wait_until(lambda: tls_connects(sslrootcert=str(pki.ca), sslmode="verify-full"), 20,
@@ -78,7 +78,8 @@ def server_tls(pki):
                         cur.execute(f"ALTER SYSTEM RESET {name}")
                 cur.execute("SELECT pg_reload_conf()")
             if before["ssl"][0] == "off":
-                wait_until(lambda: not tls_connects(), 20, message="the server's TLS to be off again")
+                wait_until(lambda: not tls_connects(), 20,
+                           message="the server's TLS to be off again")
             admin.close()
 
 

@@ -911,7 +911,8 @@ def test_spec_settings_are_declared():
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",
         "decoder", "publication", "publication_mode", "messages", "sslmode", "sslrootcert",
-        "sslcert", "sslkey", "connect_timeout", "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
+        "sslcert", "sslkey", "connect_timeout", "fsync_interval", "status_interval",
+        "spool_segment_bytes", "spool_max_bytes",
         "slot_warn_bytes", "pg_recvlogical"}
     assert names["mysql"] - common == {
         "host", "port", "user", "password", "database", "server_id", "connect_timeout",

@@ -36,17 +36,21 @@ def client_context(settings) -> Optional[ssl.SSLContext]:
     check_files(settings.name, {k: getattr(settings, k) for k in FILES}, FILES)
     verify = settings.ssl_verify or "identity"
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    try:
-        if settings.ssl_ca:
+    if settings.ssl_ca:
+        try:
             ctx.load_verify_locations(cafile=settings.ssl_ca)
-        if settings.ssl_cert:
+        except ssl.SSLError as exc:
+            raise BackendError(f"{who}: ssl_ca file {settings.ssl_ca} holds no usable CA "
+                               f"certificate ({exc.reason or exc}); it must be PEM "
+                               f"(-----BEGIN CERTIFICATE-----)", fatal=True) from None
+    if settings.ssl_cert:
+        try:
             ctx.load_cert_chain(settings.ssl_cert, keyfile=settings.ssl_key or None)
-    except ssl.SSLError as exc:
-        which = "ssl_ca" if "verify" in str(exc).lower() or not settings.ssl_cert \
-            else "ssl_cert/ssl_key"
-        raise BackendError(f"{who}: the {which} file(s) cannot be used ({exc.reason or exc}); "
-                           f"they must be PEM, and the key must belong to the certificate",
-                           fatal=True) from None
+        except ssl.SSLError as exc:
+            raise BackendError(f"{who}: ssl_cert/ssl_key cannot be used ({exc.reason or exc}); "
+                               f"both must be PEM, the key unencrypted and belonging to the "
+                               f"certificate (without ssl_key, ssl_cert must hold the key too)",
+                               fatal=True) from None
     # Self-signed server certificates (MySQL's auto-generated ones) fail Python's strict
     # X.509 checks although they are trusted explicitly through ssl_ca.
     ctx.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)

@@ -93,11 +93,12 @@ def _tls_reason(text: str, lowered: str, options: dict, backend: str) -> Optiona
 
 
 def _tls_line(text: str) -> str:
-    """The line of a libpq message that names the TLS problem (libpq often puts "connection
-    to server ... failed:" first)."""
+    """The line of a libpq message that names the TLS problem, without libpq's "connection to
+    server at ... failed:" (the message says where already)."""
     for line in text.splitlines():
         if any(w in line.lower() for w in ("ssl", "certificate", "key file")):
-            return line.strip()
+            head, sep, rest = line.partition(" failed: ")
+            return (rest if sep and head.startswith("connection to server") else line).strip()
     return _first_line(text)
 
 
