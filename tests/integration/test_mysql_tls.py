@@ -4,7 +4,8 @@ the binlog stream, against the local MariaDB with a CA the test makes.
 MariaDB 10.11 cannot change its TLS file paths at run time, so scripts/setup-local points them
 at /etc/mysql/lapidus-tls/ (a self-signed placeholder).  A test writes its own CA-signed
 certificate there and runs FLUSH SSL (which re-reads the files), and always puts the
-placeholder back and runs FLUSH SSL again in a finally.  The Source is driven directly.
+placeholder back and runs FLUSH SSL again in a finally.  The Source is driven directly, except
+in the supervised tests at the end (configuration file -> worker).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from tests.integration.tls_fixtures import make_pki
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
-from tests.integration.mysql_fixtures import HOST, PORT, read_count, root_connection  # noqa: E402
+from tests.integration.mysql_fixtures import (  # noqa: E402
+    HOST, PORT, lapidus_backend, read_count, root_connection,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +178,26 @@ def test_verification_against_a_server_without_tls_is_a_clear_fatal(sql, open_so
     finally:
         proxy.close()
     assert caught.value.fatal and "does not offer TLS" in str(caught.value)
+
+
+def test_supervised_stream_over_tls_with_a_ca_relative_to_the_config(
+        lapidus_factory, sql, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    (tmp_path / "ca.pem").write_bytes(pki.ca.read_bytes())
+    sql.run("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(20))")
+    with server_certificate(pki):
+        proc = lapidus_factory({"backends": [lapidus_backend(ssl_ca="ca.pem")],
+                                "plugins": {"stdout": {}}})
+        proc.wait_log('"streaming"')
+        sql.run("INSERT INTO items VALUES (1, 'over tls')")
+        assert proc.wait_events(1)[0]["item"] == {"id": 1, "name": "over tls"}
+
+
+def test_supervised_wrong_ca_is_fatal_and_lapidus_exits(lapidus_factory, sql, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    with server_certificate(pki):
+        proc = lapidus_factory({"backends": [lapidus_backend(ssl_ca=str(pki.wrong_ca))],
+                                "plugins": {"stdout": {}}})
+        assert proc.proc.wait(30) == 1        # its only backend FATAL: the supervisor exits 1
+    log = proc.log()
+    assert "backend is FATAL" in log and "is not trusted" in log and "Traceback" not in log
