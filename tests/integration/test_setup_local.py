@@ -108,6 +108,8 @@ def test_a_binlog_already_on_under_another_path_is_kept(tmp_path):
                    helper("running", str(tmp_path / "merged")).stdout.splitlines())
     assert running["log_bin"] == "1" and running["server_id"] == "7"
     assert "log_bin_basename" not in running      # wherever it is, an enabled binlog is fine
+    where = helper("binlog-dir", str(tmp_path / "merged"), "/var/lib/mysql")
+    assert where.stdout.strip() == "/var/log/mysql"     # setup-local creates it if missing
 
 
 def test_the_dropin_is_stable_once_written(tmp_path):
@@ -128,6 +130,8 @@ def test_no_binlog_and_a_disabled_one_get_ours(tmp_path):
     write_dropin(tmp_path, main)
     wrote = settings_of((tmp_path / "conf.d" / "60-lapidus.cnf").read_text())
     assert wrote["log_bin"] == BASE and wrote["log_bin_compress"] == "OFF"
+    where = helper("binlog-dir", str(tmp_path / "merged"), "/var/lib/mysql")
+    assert where.stdout.strip() == "/var/lib/mysql"
     assert helper("check", str(tmp_path / "merged")).returncode == 0
 
 
