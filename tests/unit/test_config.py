@@ -1180,3 +1180,25 @@ def test_every_bad_pattern_of_a_list_is_reported_together():
     assert [m.split(":")[0] for m in problems(pg(include_tables=["items[", "a.b.c", ""]))] == [
         "backends[0].include_tables[0]", "backends[0].include_tables[1]",
         "backends[0].include_tables[2]"]
+
+
+def test_tls_paths_are_relative_to_the_file_and_contradictions_are_refused():
+    config = parse(pg(sslmode="verify-full", sslrootcert="certs/ca.pem"),
+                   {"type": "mysql", "ssl_ca": "ca.pem", "ssl_verify": "ca"})
+    assert config.backends[0].options["sslrootcert"] == "/etc/lapidus/certs/ca.pem"
+    assert config.backends[1].options["ssl_ca"] == "/etc/lapidus/ca.pem"
+    assert not config.warnings
+    assert problems(pg(sslmode="disable", sslrootcert="/ca.pem")) == [
+        'backends[0].sslmode: "disable" uses no TLS, yet sslrootcert is set; remove it or set '
+        'sslmode = "verify-full"']
+    assert problems(pg(sslkey="/k.pem"), {"type": "mysql", "ssl_key": "/k.pem"}) == [
+        "backends[0].sslkey: given without sslcert; add the client certificate that goes with "
+        "the key",
+        "backends[1].ssl_key: given without ssl_cert; add the client certificate that goes "
+        "with the key"]
+    assert problems({"type": "mysql", "ssl_verify": "full"})[0].startswith(
+        "backends[0].ssl_verify: expected one of")
+    weak = parse(pg(sslrootcert="/ca.pem"))
+    assert weak.warnings == ('backends[0].sslrootcert: with sslmode = "prefer" a server without '
+                             'TLS is still accepted in plain text; set sslmode = "verify-full" '
+                             '(or "verify-ca") to refuse it',)
