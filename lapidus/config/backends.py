@@ -78,6 +78,11 @@ class _BackendReader(_TableReader, _PluginReader):
             return None
         if backend_type == "postgresql":
             self.check_spool(pending)
+            self.check_pg_tls(pending)
+        if backend_type == "mysql" and pending.values.get("ssl_key") \
+                and not pending.values.get("ssl_cert"):
+            self.problem(pending.key_path("ssl_key"), "given without ssl_cert; add the client "
+                                                      "certificate that goes with the key")
         if backend_type == "mongo":
             self.check_mongo(pending)
         return pending
@@ -87,6 +92,23 @@ class _BackendReader(_TableReader, _PluginReader):
         if segment is not None and cap is not None and cap < segment:
             self.problem(p.key_path("spool_max_bytes"), f"must be at least spool_segment_bytes "
                                                         f"({segment}), got {cap}")
+
+    def check_pg_tls(self, p: _PendingBackend) -> None:
+        """TLS files that libpq would ignore or use without the protection they suggest."""
+        mode = p.values.get("sslmode")
+        files = [k for k in ("sslrootcert", "sslcert", "sslkey") if p.values.get(k)]
+        if files and mode == "disable":
+            self.problem(p.key_path("sslmode"), f"\"disable\" uses no TLS, yet "
+                                                f"{', '.join(files)} is set; remove it or set "
+                                                f"sslmode = \"verify-full\"")
+        if p.values.get("sslkey") and not p.values.get("sslcert"):
+            self.problem(p.key_path("sslkey"), "given without sslcert; add the client "
+                                               "certificate that goes with the key")
+        if p.values.get("sslrootcert") and mode in (None, "allow", "prefer"):
+            self.warnings.append(
+                f"{p.key_path('sslrootcert')}: with sslmode = \"{mode or 'prefer'}\" a server "
+                f"without TLS is still accepted in plain text; set sslmode = \"verify-full\" "
+                f"(or \"verify-ca\") to refuse it")
 
     def check_mongo(self, p: _PendingBackend) -> None:
         written = p.table.written

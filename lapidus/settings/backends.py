@@ -89,8 +89,16 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("messages", Bool(), "Emit `pg_logical_emit_message` calls as `message` events.",
             True, types=PG),
     Setting("sslmode", Choice("disable", "allow", "prefer", "require", "verify-ca",
-                              "verify-full"), "libpq `sslmode`; libpq's default when unset.",
+                              "verify-full"), "libpq `sslmode`; libpq's default when unset. "
+            "With `sslrootcert`, use `verify-full` (or `verify-ca`): weaker modes do not "
+            "refuse a server without TLS.", types=PG),
+    Setting("sslrootcert", PathKind(), "CA certificate(s), PEM, that the server's certificate "
+            "must chain to (libpq `sslrootcert`); used by the worker and by `pg_recvlogical`.",
             types=PG),
+    Setting("sslcert", PathKind(), "Client certificate, PEM (libpq `sslcert`), for servers "
+            "that authenticate clients by certificate.", types=PG),
+    Setting("sslkey", PathKind(), "The client certificate's private key (libpq `sslkey`); "
+            "libpq refuses it unless its mode is 0600 (or 0640 owned by root).", types=PG),
     Setting("fsync_interval", Seconds(), "How often `pg_recvlogical` fsyncs the spool (and "
             "so confirms the slot).", 1.0, types=PG),
     Setting("status_interval", Seconds(), "How often `pg_recvlogical` reports to the server.",
@@ -125,6 +133,19 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "(events then lack unchanged columns).", False, types=MY),
     Setting("flavor", Choice("auto", "mariadb", "mysql"), "Server flavour; `auto` asks the "
             "server.", "auto", types=MY),
+    Setting("ssl_ca", PathKind(), "CA certificate(s), PEM, that the server's certificate must "
+            "chain to; setting it turns TLS on (for the query connection and the binlog "
+            "stream).", types=MY),
+    Setting("ssl_cert", PathKind(), "Client certificate, PEM, for servers that require one "
+            "(`REQUIRE X509`); turns TLS on.", types=MY),
+    Setting("ssl_key", PathKind(), "The client certificate's private key, PEM (needs "
+            "`ssl_cert`).", types=MY),
+    Setting("ssl_verify", Choice("none", "ca", "identity"), "TLS to the server, and how its "
+            "certificate is checked: `identity` (it must chain to `ssl_ca`, or to the system's "
+            "CAs without `ssl_ca`, and name `host`), `ca` (the chain only), `none` (encrypted, "
+            "unchecked). A server without TLS is refused in every case. Unset: `identity` when "
+            "any `ssl_*` file is set, else pymysql's default (TLS when the server offers it, "
+            "unchecked, plain otherwise).", types=MY),
     # mongo
     Setting("uri", MongoUri(), "Connection string, instead of host/port/user/password.",
             types=MONGO, secret=True),

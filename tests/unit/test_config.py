@@ -573,7 +573,8 @@ def test_postgresql_defaults():
         "connect_timeout": 10, "passfile": None, "database": "shop",
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
         "publication": "lapidus_shop_eu", "publication_mode": "all_tables", "messages": True,
-        "sslmode": None, "fsync_interval": 1.0, "status_interval": 1.0,
+        "sslmode": None, "sslrootcert": None, "sslcert": None, "sslkey": None,
+        "fsync_interval": 1.0, "status_interval": 1.0,
         "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
         "pg_recvlogical": None,
     }
@@ -595,6 +596,7 @@ def test_mysql_defaults_and_derived_server_id():
         "connect_timeout": 10, "database": None, "server_id": S.derived_server_id("crm"),
         "connect_retry_seconds": None, "heartbeat_seconds": 5.0,
         "allow_partial_row_image": False, "flavor": "auto",
+        "ssl_ca": None, "ssl_cert": None, "ssl_key": None, "ssl_verify": None,
     }
     assert 1000 <= a.options["server_id"] <= 4294967295
     assert a.options["server_id"] != b.options["server_id"]
@@ -908,12 +910,14 @@ def test_spec_settings_are_declared():
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",
-        "decoder", "publication", "publication_mode", "messages", "sslmode", "connect_timeout",
-        "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
+        "decoder", "publication", "publication_mode", "messages", "sslmode", "sslrootcert",
+        "sslcert", "sslkey", "connect_timeout", "fsync_interval", "status_interval",
+        "spool_segment_bytes", "spool_max_bytes",
         "slot_warn_bytes", "pg_recvlogical"}
     assert names["mysql"] - common == {
         "host", "port", "user", "password", "database", "server_id", "connect_timeout",
-        "connect_retry_seconds", "heartbeat_seconds", "allow_partial_row_image", "flavor"}
+        "connect_retry_seconds", "heartbeat_seconds", "allow_partial_row_image", "flavor",
+        "ssl_ca", "ssl_cert", "ssl_key", "ssl_verify"}
     assert names["mongo"] - common == {
         "uri", "host", "port", "user", "password", "database", "replica_set", "auth_source",
         "tls", "tls_ca_file", "tls_certificate_key_file", "tls_allow_invalid_certificates",
@@ -1176,3 +1180,25 @@ def test_every_bad_pattern_of_a_list_is_reported_together():
     assert [m.split(":")[0] for m in problems(pg(include_tables=["items[", "a.b.c", ""]))] == [
         "backends[0].include_tables[0]", "backends[0].include_tables[1]",
         "backends[0].include_tables[2]"]
+
+
+def test_tls_paths_are_relative_to_the_file_and_contradictions_are_refused():
+    config = parse(pg(sslmode="verify-full", sslrootcert="certs/ca.pem"),
+                   {"type": "mysql", "ssl_ca": "ca.pem", "ssl_verify": "ca"})
+    assert config.backends[0].options["sslrootcert"] == "/etc/lapidus/certs/ca.pem"
+    assert config.backends[1].options["ssl_ca"] == "/etc/lapidus/ca.pem"
+    assert not config.warnings
+    assert problems(pg(sslmode="disable", sslrootcert="/ca.pem")) == [
+        'backends[0].sslmode: "disable" uses no TLS, yet sslrootcert is set; remove it or set '
+        'sslmode = "verify-full"']
+    assert problems(pg(sslkey="/k.pem"), {"type": "mysql", "ssl_key": "/k.pem"}) == [
+        "backends[0].sslkey: given without sslcert; add the client certificate that goes with "
+        "the key",
+        "backends[1].ssl_key: given without ssl_cert; add the client certificate that goes "
+        "with the key"]
+    assert problems({"type": "mysql", "ssl_verify": "full"})[0].startswith(
+        "backends[0].ssl_verify: expected one of")
+    weak = parse(pg(sslrootcert="/ca.pem"))
+    assert weak.warnings == ('backends[0].sslrootcert: with sslmode = "prefer" a server without '
+                             'TLS is still accepted in plain text; set sslmode = "verify-full" '
+                             '(or "verify-ca") to refuse it',)

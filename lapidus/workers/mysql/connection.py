@@ -32,6 +32,7 @@ from pymysql.connections import MysqlPacket
 
 from ..base import BackendError
 from .settings import MysqlSettings
+from .tls import describe_tls_failure
 
 COM_BINLOG_DUMP = 0x12
 COM_BINLOG_DUMP_GTID = 0x1E
@@ -142,6 +143,11 @@ class WatchedConnection(pymysql.connections.Connection):
         return super()._read_packet(packet_type)
 
     def _await_bytes(self, stream: _StreamBuffer) -> None:
+        # Over TLS, decrypted bytes can wait inside the SSL object where poll() cannot see
+        # them: they are ready now.
+        pending = getattr(self._sock, "pending", None)
+        if pending is not None and pending():
+            return
         wait = self.deadline - time.monotonic()
         if self._poller.poll(max(0.0, wait) * 1000.0):
             return
@@ -161,6 +167,9 @@ def describe_error(settings: MysqlSettings, exc: BaseException) -> BackendError:
     where = settings.address
     code = exc.args[0] if getattr(exc, "args", None) and isinstance(exc.args[0], int) else None
     text = exc.args[1] if code is not None and len(exc.args) > 1 else str(exc)
+    tls = describe_tls_failure(settings, exc)
+    if tls is not None:
+        return tls
     if code == ER_SLAVE_SAME_ID or "same server_uuid/server_id" in text \
             or "same server_id" in text:
         return server_id_clash(settings, text)

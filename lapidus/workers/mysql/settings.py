@@ -35,6 +35,10 @@ class MysqlSettings:
     allow_partial_row_image: bool = False
     flavor: Optional[str] = None          # "mariadb" | "mysql" | None: ask the server
     batch_size: int = 1000
+    ssl_ca: Optional[str] = None          # TLS (lapidus.workers.mysql.tls): absolute paths
+    ssl_cert: Optional[str] = None
+    ssl_key: Optional[str] = None
+    ssl_verify: Optional[str] = None      # "none" | "ca" | "identity" | None
 
     @property
     def address(self) -> str:
@@ -52,9 +56,17 @@ class MysqlSettings:
         return f"lapidus/{self.name}@{socket.gethostname()}"[:60]
 
     def connection_kwargs(self, **extra: Any) -> dict:
-        """pymysql.connect() arguments.  The password stays here: never logged or shown."""
+        """pymysql.connect() arguments.  The password stays here: never logged or shown.
+
+        With TLS settings they carry an ``ssl`` context (TLS required); a TLS file that cannot
+        be used raises a fatal :class:`~lapidus.workers.base.BackendError`."""
+        from .tls import client_context     # here: settings stay importable without ssl
+
         kwargs = dict(host=self.host, port=self.port, user=self.user, password=self.password,
                       connect_timeout=self.connect_timeout, charset="utf8mb4", autocommit=True)
+        context = client_context(self)
+        if context is not None:
+            kwargs["ssl"] = context
         kwargs.update(extra)
         return kwargs
 
@@ -83,4 +95,12 @@ def settings_from(name: str, options: Optional[Mapping[str, Any]]) -> MysqlSetti
         allow_partial_row_image=bool(o.get("allow_partial_row_image", False)),
         flavor=flavor,
         batch_size=int(o.get("batch_size") or 1000),
+        ssl_ca=_path(o.get("ssl_ca")),
+        ssl_cert=_path(o.get("ssl_cert")),
+        ssl_key=_path(o.get("ssl_key")),
+        ssl_verify=o.get("ssl_verify") or None,
     )
+
+
+def _path(value: Any) -> Optional[str]:
+    return str(value) if value else None

@@ -15,6 +15,7 @@ import psycopg2
 import psycopg2.extensions
 
 from .errors import connection_error
+from .tls import tls_options
 from .types import TypeMap
 
 FIRST_USER_OID = 16384  # OIDs below this are built into PostgreSQL
@@ -43,8 +44,7 @@ def connect(options: dict, backend: str, application_name: str):
         kwargs["password"] = str(options["password"])
     if options.get("passfile"):
         kwargs["passfile"] = str(options["passfile"])
-    if options.get("sslmode"):
-        kwargs["sslmode"] = options["sslmode"]
+    kwargs.update(tls_options(options, backend))
     deadline = time.monotonic() + float(options.get("connect_timeout") or 10)
     psycopg2.extensions.set_wait_callback(lambda conn: _wait_until(conn, deadline))
     try:

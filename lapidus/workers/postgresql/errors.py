@@ -56,11 +56,50 @@ def _fatal_reason(text: str, options: dict, backend: str) -> Optional[str]:
         return (f'backend "{backend}": user "{user}" lacks a privilege at {where} '
                 f"({_first_line(text)}); ALTER ROLE {user} REPLICATION; and grant what the "
                 f"message names")
-    if "invalid connection option" in lowered or "invalid sslmode" in lowered or \
-            "ssl was required" in lowered or "certificate verify failed" in lowered:
+    tls = _tls_reason(text, lowered, options, backend)
+    if tls:
+        return tls
+    if "invalid connection option" in lowered or "invalid sslmode" in lowered:
         return (f'backend "{backend}": the connection settings for {where} are wrong '
                 f"({_first_line(text)}); fix host, port or the ssl options")
     return None
+
+
+def _tls_reason(text: str, lowered: str, options: dict, backend: str) -> Optional[str]:
+    """The operator's message for a TLS failure; all are fatal (the server's certificate or
+    TLS configuration does not change by retrying)."""
+    who, where = f'backend "{backend}"', _where(options)
+    line = _tls_line(text)
+    if "ssl was required" in lowered or "server does not support ssl" in lowered:
+        return (f"{who}: PostgreSQL at {where} does not offer TLS, which sslmode="
+                f"{options.get('sslmode', '?')} requires; turn ssl on in the server's "
+                f"configuration (ssl = on, ssl_cert_file, ssl_key_file) or lower sslmode")
+    if "certificate verify failed" in lowered:
+        return (f"{who}: the TLS certificate of PostgreSQL at {where} is not trusted "
+                f"({line}); set sslrootcert to the CA that signed the server's certificate "
+                f"(SHOW ssl_cert_file on the server names its file)")
+    if "does not match host name" in lowered:
+        return (f"{who}: the TLS certificate of PostgreSQL at {where} is for another host "
+                f"({line}); connect with the host name the certificate names, or use "
+                f'sslmode = "verify-ca" to check the chain only')
+    if "private key file" in lowered or "certificate file" in lowered \
+            or "certificate present, but not private key" in lowered:
+        return (f"{who}: libpq cannot use the TLS files ({line}); fix sslcert/sslkey/"
+                f"sslrootcert (the key must be mode 0600, or 0640 owned by root)")
+    if "requires a valid client certificate" in lowered or "certificate authentication" in lowered:
+        return (f"{who}: PostgreSQL at {where} wants a client certificate ({line}); set "
+                f"sslcert and sslkey to a certificate its ssl_ca_file trusts")
+    return None
+
+
+def _tls_line(text: str) -> str:
+    """The line of a libpq message that names the TLS problem, without libpq's "connection to
+    server at ... failed:" (the message says where already)."""
+    for line in text.splitlines():
+        if any(w in line.lower() for w in ("ssl", "certificate", "key file")):
+            head, sep, rest = line.partition(" failed: ")
+            return (rest if sep and head.startswith("connection to server") else line).strip()
+    return _first_line(text)
 
 
 def _first_line(text: str) -> str:

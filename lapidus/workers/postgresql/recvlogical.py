@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ...procutil import die_with_parent
+from .tls import tls_options
 
 # Session settings for the walsender: values arrive in one predictable text form.
 SESSION_OPTIONS = ("-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
@@ -40,7 +41,8 @@ def find_pg_recvlogical(configured: Optional[str] = None) -> str:
 
 
 def conninfo(options: dict, application_name: str) -> str:
-    """libpq connection string without the password."""
+    """libpq connection string without the password; with the TLS settings (sslmode,
+    sslrootcert, sslcert, sslkey: paths, nothing secret, so argv may show them)."""
     parts = {
         "host": options.get("host", "127.0.0.1"),
         "port": options.get("port", 5432),
@@ -49,8 +51,8 @@ def conninfo(options: dict, application_name: str) -> str:
         "application_name": application_name,
         "connect_timeout": options.get("connect_timeout", 10),
     }
-    if options.get("sslmode"):
-        parts["sslmode"] = options["sslmode"]
+    # Paths only (no secrets): the same TLS settings as the worker's own connections.
+    parts.update(tls_options(options, None))
 
     def quote(value) -> str:
         text = str(value).replace("\\", "\\\\").replace("'", "\\'")
