@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -24,6 +23,7 @@ from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_
 from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
+from .refusals import RefusedEvents
 
 RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
 HOLD_RETRY_MAX = 60.0    # ... of an event a sink refused for good (on_undeliverable = "hold")
@@ -45,10 +45,7 @@ class Pipeline:
         self.merge_up_to = merge_up_to       # most queued batches delivered as one
         self.errors: Dict[str, int] = {}     # plugin name -> failed deliveries
         self.failing: Dict[str, str] = {}    # plugin name -> its last error, while failing
-        self.held: Dict[str, dict] = {}      # plugin name -> the event it refuses for good
-        self.on_undeliverable = on_undeliverable
-        self.dead_letters = dead_letters      # the backend's dead-letter file
-        self.dead_letter_count = deadletters.count(dead_letters) if dead_letters else 0
+        self.refusals = RefusedEvents(backend, on_undeliverable, dead_letters, log)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
@@ -139,27 +136,24 @@ class Pipeline:
     async def _deliver(self, sink: Sink, name: str, records) -> None:
         """Send ``records`` to one sink until it confirms them all: failures are retried
         with backoff (same records, same order); an event the sink refuses for good is held
-        or moved to the dead letters (``on_undeliverable``)."""
+        or moved to the dead letters (``on_undeliverable``, :mod:`.refusals`)."""
         retry, hold = Backoff(0.2, RETRY_MAX), Backoff(min(1.0, HOLD_RETRY_MAX), HOLD_RETRY_MAX)
         while True:
             try:
                 await sink.send(records)
                 self.failing.pop(name, None)
-                if self.held.pop(name, None) is not None:
-                    self.log.info("the refused event was delivered; streaming on", sink=name)
+                self.refusals.delivered(name)
                 return
             except OutputClosed:
                 raise
             except UndeliverableError as exc:
                 self.errors[name] = self.errors.get(name, 0) + 1
-                record = records[exc.index]
-                if self.on_undeliverable == "dead_letter" and self.dead_letters is not None:
-                    self._to_dead_letters(record, name, exc)
-                    records = records[:exc.index] + records[exc.index + 1:]
-                    if not records:
+                rest = self.refusals.refused(name, records, exc)
+                if rest is not None:
+                    if not rest:
                         return
+                    records = rest
                     continue
-                self._hold(record, name, exc)
                 delay = hold.next()
             except Exception as exc:
                 self.errors[name] = self.errors.get(name, 0) + 1
@@ -169,45 +163,16 @@ class Pipeline:
                                  error=str(exc), retry_in=round(delay, 2))
             await asyncio.sleep(delay)
 
-    def _hold(self, record: Record, name: str, exc: UndeliverableError) -> None:
-        """on_undeliverable = "hold": the backend stays at this event, visibly."""
-        first = self.held.get(name, {}).get("id") != record.id
-        self.held[name] = {"id": record.id, "table": deadletters.table_of(record),
-                           "size": len(record.data), "error": exc.reason, "fix": exc.fix,
-                           "since": self.held.get(name, {}).get("since", time.time())}
-        if first:
-            self.log.error("a sink refuses an event for good; the backend is held at it "
-                           "(on_undeliverable = \"hold\"): fix the cause, or set "
-                           "on_undeliverable = \"dead_letter\"", sink=name, id=record.id,
-                           table=deadletters.table_of(record), size=len(record.data),
-                           error=exc.reason, fix=exc.fix)
-
-    def _to_dead_letters(self, record: Record, name: str, exc: UndeliverableError) -> None:
-        deadletters.append(self.dead_letters, record, backend=self.backend, sink=name,
-                           error=exc.reason, fix=exc.fix)
-        self.dead_letter_count += 1
-        self.log.warning("a sink refuses an event for good; moved it to the dead letters and "
-                         "streaming on", sink=name, id=record.id,
-                         table=deadletters.table_of(record), size=len(record.data),
-                         error=exc.reason, fix=exc.fix, file=str(self.dead_letters))
-
     async def _resend(self) -> None:
-        """Deliver the entries of the resend file to every sink (refused ones go to the dead
+        """Deliver the records of the resend file to every sink (refused ones go to the dead
         letters again), then delete it."""
         self.resend_queued = self.resend_after = False
-        if self.dead_letters is None:
-            return
-        path = self.dead_letters.with_name(deadletters.RESEND_FILE)
-        records = [record for _, record in deadletters.read(path)]
+        records = self.refusals.to_resend()
         if records:
             self.log.info("sending the dead letters again", events=len(records))
             await asyncio.gather(*(self._deliver(sink, name, records)
                                    for sink, name in zip(self.sinks, self.names)))
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        self.dead_letter_count = deadletters.count(self.dead_letters)
+        self.refusals.resent()
         self.log.info("dead letters sent again", events=len(records))
 
 
@@ -262,7 +227,7 @@ class Dispatcher:
             merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
         pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
                             merge_up_to=merge_up_to, names=list(plugins),
-                            on_undeliverable=backend.options.get("on_undeliverable") or "hold",
+                                            on_undeliverable=backend.options.get("on_undeliverable") or "hold",
                             dead_letters=deadletters.path_for(self.config.state_dir,
                                                               backend_name),
                             plugins=plugins)
@@ -271,7 +236,7 @@ class Dispatcher:
         pipeline.task = asyncio.create_task(pipeline.run())
         pipeline.task.add_done_callback(self._pipeline_done)
         self.tasks.append(pipeline.task)
-        if pipeline.dead_letters.with_name(deadletters.RESEND_FILE).exists():
+        if pipeline.refusals.resend_path.exists():
             pipeline.request_resend()   # a resend the previous dispatcher did not finish
         return pipeline
 
@@ -299,9 +264,8 @@ class Dispatcher:
     def resend_requested(self) -> None:
         """SIGUSR1 from the supervisor: a backend's dead letters were moved to its resend file
         (``lapidusctl dead-letters BACKEND --resend``)."""
-        for name, pipeline in self.pipelines.items():
-            resend = deadletters.resend_path_for(self.config.state_dir, name)
-            if resend.exists():
+        for pipeline in self.pipelines.values():
+            if pipeline.refusals.resend_path.exists():
                 pipeline.request_resend()
 
     async def _start_sinks(self) -> None:
@@ -388,10 +352,9 @@ class Dispatcher:
                     "sink_health": {n: p.health() for n, p in self.pipelines.items()},
                     "sink_failing": {n: dict(p.failing) for n, p in self.pipelines.items()
                                      if p.failing},
-                    "undeliverable": {n: dict(p.held) for n, p in self.pipelines.items()
-                                      if p.held},
-                    "dead_letters": {n: p.dead_letter_count
-                                     for n, p in self.pipelines.items()},
+                    "undeliverable": {n: dict(p.refusals.held)
+                                      for n, p in self.pipelines.items() if p.refusals.held},
+                    "dead_letters": {n: p.refusals.count for n, p in self.pipelines.items()},
                 }))
             except (OSError, ValueError):
                 return

@@ -66,7 +66,7 @@ def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_pa
 
     sink, pipeline = asyncio.run(asyncio.wait_for(main(), 10))
     assert sink.delivered == ["b:1", "b:3"]
-    assert pipeline.dead_letter_count == 1
+    assert pipeline.refusals.count == 1
     (head, again), = list(deadletters.read(path))
     assert head["id"] == "b:2" and head["sink"] == "nats" and head["size"] == len(record(2, size=500).data)
     assert head["fix"] == "raise max_payload"
@@ -84,7 +84,7 @@ def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, m
         task = asyncio.create_task(pipeline.run())
         while sink.attempts < 3:
             await asyncio.sleep(0.01)
-        held = dict(pipeline.held)
+        held = dict(pipeline.refusals.held)
         assert writer.acks() == []            # nothing confirmed: the position stays
         sink.limit = 10_000                   # the operator fixed the cause
         while writer.acks() != [1]:
@@ -95,7 +95,7 @@ def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, m
     held, pipeline = asyncio.run(asyncio.wait_for(main(), 10))
     assert held["nats"]["id"] == "b:2" and held["nats"]["table"] == "public.t"
     assert held["nats"]["size"] == len(record(2, 500).data) and held["nats"]["fix"] == "raise max_payload"
-    assert pipeline.held == {}
+    assert pipeline.refusals.held == {}
     assert not (tmp_path / "b" / deadletters.FILE).exists()   # nothing skipped
 
 
