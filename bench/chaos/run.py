@@ -362,8 +362,9 @@ class ChaosRun:
                 **logs,
                 "worker_restarts": sum(1 for r in log_records
                                        if r.get("event") == "exited; restarting after backoff"),
-                "dispatcher_restarts": sum(1 for r in log_records
-                                           if r.get("event") == "dispatcher died; restarting it after backoff"),
+                "dispatcher_restarts": sum(
+                    1 for r in log_records
+                    if r.get("event") == "dispatcher died; restarting it after backoff"),
                 "reloads": sum(1 for r in log_records
                                if r.get("event") == "configuration reloaded"),
             },
