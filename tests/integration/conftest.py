@@ -33,21 +33,30 @@ def pg_connect(dbname: str = "postgres"):
 
 
 def drop_slots_of(conn, database: str) -> None:
+    """Drop every slot of ``database``.  A Lapidus of the test may still run (fixtures are torn
+    down in reverse order) and its worker reconnects by itself, taking the slot again: so
+    terminate its connection and drop, until a drop wins the race."""
     with conn.cursor() as cur:
-        cur.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
-                    (database,))
-        for slot, pid in cur.fetchall():
-            if pid:
-                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            wait_until(lambda: not _slot_active(conn, slot), 10, message=f"slot {slot} idle")
-            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        cur.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (database,))
+        for (slot,) in cur.fetchall():
+            wait_until(lambda: _drop_slot(conn, slot), 20, interval=0.1,
+                       message=f"slot {slot} dropped")
 
 
-def _slot_active(conn, slot):
+def _drop_slot(conn, slot: str) -> bool:
     with conn.cursor() as cur:
-        cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
         row = cur.fetchone()
-        return bool(row and row[0])
+        if row is None:
+            return True
+        if row[0]:
+            cur.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+            return False
+        try:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        except psycopg2.errors.ObjectInUse:
+            return False     # taken again between the look and the drop
+        return True
 
 
 class PgDatabase:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import sys
 import textwrap
@@ -136,6 +138,18 @@ def test_batch_written_while_the_command_is_down_waits_for_the_restart(tmp_path)
     assert lines_of(out)[-2:] == ['{"n":2}', '{"n":3}']
 
 
+@contextlib.contextmanager
+def debug_logging():
+    """Debug lines reach the captured logs whatever level an earlier test configured (the
+    level filter sits before capture_logs' processors)."""
+    before = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(**before)
+
+
 def test_stderr_and_stdout_lines_go_to_the_log_with_the_backend(tmp_path):
     script = python_command("""
         import sys
@@ -145,7 +159,7 @@ def test_stderr_and_stdout_lines_go_to_the_log_with_the_backend(tmp_path):
     """)
 
     async def run():
-        with structlog.testing.capture_logs() as logs:
+        with debug_logging(), structlog.testing.capture_logs() as logs:
             sink = ExecSink({"command": script}, "shop")
             await sink.send(recs(7))
             # both lines: the command's stdout and stderr are read by two tasks
