@@ -14,7 +14,8 @@ import pytest
 from lapidus.events import Record
 from lapidus.sinks.base import SinkError
 from lapidus.sinks.nats import NatsSink
-from tests.integration.conftest import pg_backend
+from tests.conftest import wait_until
+from tests.integration.conftest import pg_backend, running
 from tests.integration.nats_fixtures import Watcher, private_nats
 
 __all__ = ["private_nats"]   # fixture, imported for pytest
@@ -86,6 +87,7 @@ def test_events_arrive_over_an_authenticated_or_tls_connection(lapidus_factory, 
     try:
         proc = start_lapidus(lapidus_factory, pg_db, url, plugin)
         proc.wait_log('"nats connected"')
+        wait_until(lambda: running(proc.config_path, "pg"), 30)   # its slot exists
         pg_db.sql("INSERT INTO t SELECT generate_series(1, 3)")
         seen = watcher.wait_count(3)
         assert sorted(m.subject for m in seen) == [f"sec.public.t.{i}" for i in (1, 2, 3)]
