@@ -13,9 +13,9 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 import psutil
 
-from ..procutil import signal_tree
 from .. import exitcodes
 from ..backoff import RestartPolicy
+from ..procutil import signal_tree
 from .states import State
 
 

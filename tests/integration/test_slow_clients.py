@@ -12,6 +12,8 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend, running
 from bench.chaos.servers import free_port
@@ -117,26 +119,20 @@ def ctl_config(tmp_path):
     return config
 
 
-def test_lapidusctl_against_a_server_that_answers_garbage_exits_3_in_one_line(tmp_path):
-    server = fake_control_socket(tmp_path, b"HTTP/1.0 200 OK\r\n\r\nhello")
+@pytest.mark.parametrize("answer, message", [
+    (b"HTTP/1.0 200 OK\r\n\r\nhello", "not a lapidus control message"),   # garbage
+    (None, "did not answer within"),                                        # silence
+])
+def test_lapidusctl_against_a_server_that_is_not_a_lapidus_exits_3_in_one_line(
+        tmp_path, answer, message):
+    server = fake_control_socket(tmp_path, answer)
     try:
         code, err = run_ctl(ctl_config(tmp_path))
     finally:
         server.close()
     assert code == 3
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert "not a lapidus control message" in err
-
-
-def test_lapidusctl_against_a_server_that_never_answers_exits_3_in_one_line(tmp_path):
-    server = fake_control_socket(tmp_path, None)
-    try:
-        code, err = run_ctl(ctl_config(tmp_path))
-    finally:
-        server.close()
-    assert code == 3
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert "did not answer within" in err
+    assert message in err
 
 
 def test_a_second_lapidus_on_the_same_control_socket_is_refused(lapidus_factory, pg_db,

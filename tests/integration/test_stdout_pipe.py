@@ -4,7 +4,6 @@ an event: the consumer reads only whole JSON lines, every row among them."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ import psutil
 from bench.chaos.lapidus import stop_group
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend
+from tests.unit.test_stdout_sink import blocked_writing
 
 ROWS = 3000
 
@@ -29,18 +29,6 @@ def dispatcher(supervisor: int):
         except psutil.NoSuchProcess:
             pass
     return None
-
-
-def blocked_writing(pid: int) -> bool:
-    """Whether a thread of ``pid`` waits inside the kernel's pipe write (the pipe is full)."""
-    for wchan in glob.glob(f"/proc/{pid}/task/*/wchan"):
-        try:
-            with open(wchan) as f:
-                if "pipe_write" in f.read():
-                    return True
-        except OSError:
-            pass
-    return False
 
 
 def test_a_dispatcher_killed_while_writing_to_a_full_pipe_leaves_no_torn_line(pg_db, tmp_path):
