@@ -85,6 +85,13 @@ def snapshot_tables(conn, backend: str, publication: str, table_filter) -> List[
     return tables
 
 
+def _exists(conn, schema: str, table: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (qualified(schema, table),))
+        # True, or "t" once bool is among the types this connection keeps as text
+        return cur.fetchone()[0] in (True, "t")
+
+
 def _raw_text(value, _cursor):
     """psycopg2 caster: the column's text exactly as the server sent it."""
     return value
@@ -185,6 +192,13 @@ class PgSnapshot:
         where = f"{schema}.{table}"
         try:
             conn = self._connection()
+            if (schema, table) not in self.shapes and not _exists(conn, schema, table):
+                # dropped since the snapshot began: nothing of it is left to read
+                self.log.warning("table dropped during the snapshot; nothing to read",
+                                 table=where)
+                self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+                self._finish_if_done()
+                return
             shape = self._shape(conn, schema, table)
             self.chunks += 1
             mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
@@ -272,7 +286,10 @@ class PgSnapshot:
         self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
                                     self.chunk_rows)
         self.window = None
+        self._finish_if_done()
+        return True
+
+    def _finish_if_done(self) -> None:
         if self.progress.done:
             self.log.info("snapshot finished", rows=self.progress.rows)
             self.close()
-        return True
