@@ -140,10 +140,28 @@ def test_initial_snapshot_under_a_concurrent_writer_folds_to_the_table(pg_db, la
 
 def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
     make_table(pg_db, 200_000)
+    writer = Writer(pg_db, 200_000, seed=11)
     proc = lapidus_factory({
         "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
                                 snapshot_chunk_rows=2000, max_inflight_batches=2)],
         "plugins": {"stdout": {}}})
+    writer.start()
+    try:
+        _kill_and_resume(proc, pg_db)
+    finally:
+        writer.halt.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+    events = wait_sentinel(proc, pg_db)
+    assert fold(events) == table_content(pg_db)
+    reads = sum(1 for e in events if e["type"] == "read")
+    # resumed from a chunk: from zero it would be 259k or more; only what was emitted but
+    # not yet in a saved checkpoint at the kill is read again (checkpoints are saved every
+    # 0.2 s, plus max_inflight_batches chunks in flight); the writer deletes some
+    assert 190_000 <= reads < 200_000 + 40_000, reads
+
+
+def _kill_and_resume(proc, pg_db):
     running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
         snapshot_state(proc)), 60, "a part of the snapshot")
     assert running["state"] == "running" and running["table"] == "public.t"
@@ -158,16 +176,9 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
     resumed = [json.loads(line) for line in proc.log().splitlines()
                if '"snapshot resumed"' in line][0]
     assert resumed["last_key"] and int(resumed["last_key"][0]) > 0
+    assert int(resumed["rows"]) > 0
     until(proc, lambda: snapshot_state(proc).get("state") == "done", 60,
           "the snapshot to finish")
-    events = wait_sentinel(proc, pg_db)
-    assert fold(events) == table_content(pg_db)
-    reads = sum(1 for e in events if e["type"] == "read")
-    # resumed from a chunk: from zero it would be 259k or more; only what was emitted but
-    # not yet in a saved checkpoint at the kill is read again (checkpoints are saved every
-    # 0.2 s, plus max_inflight_batches chunks in flight)
-    assert 200_000 - 200 <= reads < 200_000 + 40_000, reads
-    assert int(resumed["rows"]) > 0
 
 
 def test_a_table_without_a_primary_key_is_refused_by_name(pg_db, lapidus_factory):
@@ -265,3 +276,49 @@ def test_the_wal2json_decoder_is_refused_clearly(pg_db, lapidus_factory):
     errors = [e["error"] for e in map(json.loads, proc.log().splitlines()) if "error" in e]
     assert errors and 'needs the pgoutput decoder' in errors[0]
     assert 'decoder = "pgoutput"' in errors[0] and "Traceback" not in proc.log()
+
+
+def test_pg_recvlogical_killed_mid_snapshot_still_folds_to_the_table(pg_db, lapidus_factory):
+    make_table(pg_db, 60_000)
+    writer = Writer(pg_db, 60_000, seed=5)
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                                snapshot_chunk_rows=500)],
+        "plugins": {"stdout": {}}})
+    writer.start()
+    try:
+        until(proc, lambda: snapshot_state(proc).get("rows", 0) >= 10_000, 60,
+              "a part of the snapshot")
+        os.kill(proc.recvlogical_pid(), signal.SIGKILL)
+        until(proc, lambda: snapshot_state(proc).get("state") == "done", 60,
+              "the snapshot to finish")
+    finally:
+        writer.halt.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+    assert "pg_recvlogical exited" in proc.log() or "reconnecting" in proc.log()
+    events = wait_sentinel(proc, pg_db)
+    assert fold(events) == table_content(pg_db)
+
+
+def test_a_chunk_past_its_statement_timeout_fails_the_backend_clearly(pg_db, lapidus_factory):
+    make_table(pg_db, 10)
+    backend = pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                         snapshot_chunk_timeout=0.5)
+    # publication and slot made beforehand: creating a slot waits for the lock's transaction
+    pg_db.sql("CREATE PUBLICATION lapidus_pg FOR ALL TABLES",
+              f"SELECT pg_create_logical_replication_slot('{backend['slot']}', 'pgoutput')")
+    blocker = pg_connect(pg_db.name)       # holds a lock the chunk's SELECT must wait for
+    blocker.autocommit = False
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        proc = lapidus_factory({
+            "backends": [backend],
+            "plugins": {"stdout": {}}})
+        until(proc, lambda: proc.proc.poll() is not None, 30, "Lapidus to exit")
+    finally:
+        blocker.close()
+    errors = [e["error"] for e in map(json.loads, proc.log().splitlines()) if "error" in e]
+    assert errors and "public.t" in errors[0] and "snapshot_chunk_timeout (0.5 s)" in errors[0]
+    assert "Traceback" not in proc.log()
