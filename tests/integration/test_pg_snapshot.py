@@ -1,4 +1,5 @@
-"""Initial snapshots on PostgreSQL through the real supervisor and the stdout plugin.
+"""Initial snapshots on PostgreSQL through the real supervisor (stdout plugin; NATS for the
+backpressure test).
 
 The folding guarantee (docs/snapshots.md): a consumer that applies the events in arrival
 order (read/insert/update -> the row, delete -> gone, truncate -> empty) ends with exactly
@@ -17,6 +18,9 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
+from tests.integration.nats_fixtures import create_stream, private_nats, stream_count
+
+__all__ = ["private_nats"]   # fixture, imported for pytest
 
 
 def fold(events, table="t"):
@@ -322,3 +326,24 @@ def test_a_chunk_past_its_statement_timeout_fails_the_backend_clearly(pg_db, lap
     errors = [e["error"] for e in map(json.loads, proc.log().splitlines()) if "error" in e]
     assert errors and "public.t" in errors[0] and "snapshot_chunk_timeout (0.5 s)" in errors[0]
     assert "Traceback" not in proc.log()
+
+
+def test_a_sink_that_is_down_holds_the_snapshot_back_and_nothing_is_dropped(
+        pg_db, lapidus_factory, private_nats):
+    make_table(pg_db, 20_000)
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                                snapshot_chunk_rows=500, max_inflight_batches=2)],
+        "plugins": {"nats": {"server": private_nats.url, "jetstream": True,
+                             "subject_prefix": "snap", "reconnect_time_wait": 0.3}}})
+    # NATS is down: the worker stops at max_inflight_batches unconfirmed batches, and the
+    # snapshot with it (a chunk starts only when the worker reads again)
+    blocked = until(proc, lambda: (lambda row: row if row.get("inflight") == 2 else None)(
+        backend_status(proc.config_path, "pg")), 30, "the worker held back by the sink")
+    assert blocked["snapshot"]["state"] == "running"
+    assert blocked["snapshot"]["rows"] <= 3 * 500
+    private_nats.start()
+    create_stream("SNAP", ["snap.>"], url=private_nats.url)
+    until(proc, lambda: snapshot_state(proc).get("state") == "done", 60, "the snapshot")
+    until(proc, lambda: stream_count("SNAP", private_nats.url) == 20_000, 60,
+          "every row stored once")
