@@ -1,4 +1,5 @@
-"""The snapshot core without a database: eviction, watermarks, progress, read events."""
+"""The snapshot core without a database: eviction, watermarks, progress, read events, and
+the refusal of backends that have no snapshot yet."""
 
 from lapidus.workers.snapshot.events import pk_text, read_event
 from lapidus.workers.snapshot.progress import SnapshotProgress
@@ -87,3 +88,19 @@ def test_read_event_id_is_deterministic_and_names_snapshot_table_and_key():
     assert e.id == 'shop:read:0:public.items:[1,"x"]'
     assert (e.type, e.before, e.txid, e.pk) == ("read", None, None, {"a": 1, "b": "x"})
     assert pk_text(["ü"]) == '["ü"]'
+
+
+def test_mysql_and_mongo_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from lapidus.workers.base import BackendError
+    from lapidus.workers.runner import make_source
+    for kind in ("mysql", "mongo"):
+        backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
+        with pytest.raises(BackendError) as caught:
+            make_source(backend, tmp_path, None)
+        assert caught.value.fatal
+        assert f'PostgreSQL only so far, not for {kind}' in str(caught.value)
+        assert 'snapshot = "never"' in str(caught.value)
