@@ -370,3 +370,31 @@ def test_composite_and_text_keys_are_chunked_without_a_row_lost_or_repeated(
     key = json.dumps([first["pk"]["b"], first["pk"]["a"]], ensure_ascii=False,
                      separators=(",", ":"))
     assert first["id"] == f"pg:read:0:public.pairs:{key}" and list(first["pk"]) == ["b", "a"]
+
+
+def test_tables_dropped_during_the_snapshot_are_skipped_with_a_warning(
+        pg_db, lapidus_factory, private_nats):
+    pg_db.sql("CREATE TABLE a (id int PRIMARY KEY)",
+              "INSERT INTO a SELECT generate_series(1, 20000)", "ANALYZE a",
+              "CREATE TABLE b (id int PRIMARY KEY)", "INSERT INTO b VALUES (1)",
+              "CREATE TABLE c (id int PRIMARY KEY)", "INSERT INTO c VALUES (1), (2)")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                                snapshot_chunk_rows=300, max_inflight_batches=2)],
+        "plugins": {"nats": {"server": private_nats.url, "jetstream": True,
+                             "subject_prefix": "drop", "reconnect_time_wait": 0.3}}})
+    # the sink is down: the snapshot is held in table a, with no timing involved
+    held = until(proc, lambda: (lambda row: row if row.get("inflight") == 2 else None)(
+        backend_status(proc.config_path, "pg")), 30, "the snapshot held back in table a")
+    assert held["snapshot"]["table"] == "public.a"
+    pg_db.sql("DROP TABLE a", "DROP TABLE b")      # a in the middle, b before it began
+    private_nats.start()
+    create_stream("DROP", ["drop.>"], url=private_nats.url)
+    until(proc, lambda: snapshot_state(proc).get("state") == "done", 60, "the snapshot")
+    dropped = [json.loads(line)["table"] for line in proc.log().splitlines()
+               if "table dropped during the snapshot" in line]
+    assert dropped == ["public.a", "public.b"]
+    rows = snapshot_state(proc)["rows"]               # a's first chunks and c's two rows
+    assert 300 < rows < 20_000
+    until(proc, lambda: stream_count("DROP", private_nats.url) == rows, 60,
+          "every read row stored once")

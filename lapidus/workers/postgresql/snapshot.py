@@ -129,10 +129,6 @@ class PgSnapshot:
         self.nonce = uuid.uuid4().hex[:12]
         self.chunks = 0
 
-    @property
-    def active(self) -> bool:
-        return not self.progress.done
-
     def wants_chunk(self) -> bool:
         return self.window is None and not self.progress.done
 
@@ -148,6 +144,8 @@ class PgSnapshot:
                             "SET extra_float_digits = 3; SET bytea_output = 'hex'; "
                             f"SET statement_timeout = {self.timeout_ms}")
             self.conn = conn
+            # the text casters of a table's types live on the connection: find them again
+            self.shapes.clear()
         return self.conn
 
     def close(self) -> None:
@@ -193,11 +191,7 @@ class PgSnapshot:
         try:
             conn = self._connection()
             if (schema, table) not in self.shapes and not _exists(conn, schema, table):
-                # dropped since the snapshot began: nothing of it is left to read
-                self.log.warning("table dropped during the snapshot; nothing to read",
-                                 table=where)
-                self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
-                self._finish_if_done()
+                self._skip_dropped(schema, table)
                 return
             shape = self._shape(conn, schema, table)
             self.chunks += 1
@@ -214,6 +208,10 @@ class PgSnapshot:
                 raw = cur.fetchall()
                 cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
                             (WATERMARK_PREFIX, f"{mark}:high"))
+        except psycopg2.errors.UndefinedTable:
+            self.window = None
+            self._skip_dropped(schema, table)
+            return
         except psycopg2.errors.QueryCanceled:
             self.window = None
             raise BackendError(
@@ -228,6 +226,15 @@ class PgSnapshot:
                               f"reading a snapshot chunk of {where}") from None
         window.hold(self._rows(shape, raw),
                     [raw[-1][i] for i in shape.key_index] if raw else None)
+
+    def _skip_dropped(self, schema: str, table: str) -> None:
+        """The table was dropped since the snapshot began: nothing of it is left to read
+        (its rows read so far stay with the consumer, as after any DROP TABLE)."""
+        self.log.warning("table dropped during the snapshot; nothing more to read",
+                         table=f"{schema}.{table}")
+        self.shapes.pop((schema, table), None)
+        self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+        self._finish_if_done()
 
     def _chunk_sql(self, schema: str, table: str, shape: _TableShape):
         keys = ", ".join(_quote(name) for name in shape.key_names)
