@@ -398,3 +398,16 @@ def test_tables_dropped_during_the_snapshot_are_skipped_with_a_warning(
     assert 300 < rows < 20_000
     until(proc, lambda: stream_count("DROP", private_nats.url) == rows, 60,
           "every read row stored once")
+
+
+def test_a_publication_with_a_row_filter_is_refused_by_table(pg_db, lapidus_factory):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE TABLE u (id int PRIMARY KEY)",
+              "CREATE PUBLICATION mine FOR TABLE t WHERE (id > 10), u")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                                publication="mine", publication_mode="existing")],
+        "plugins": {"stdout": {}}})
+    until(proc, lambda: proc.proc.poll() is not None, 30, "Lapidus to exit")
+    errors = [e["error"] for e in map(json.loads, proc.log().splitlines()) if "error" in e]
+    assert errors and "cannot read public.t: publication" in errors[0]
+    assert "public.u" not in errors[0] and "Traceback" not in proc.log()
