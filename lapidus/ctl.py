@@ -177,7 +177,20 @@ def format_status(status: dict) -> str:
     lines = []
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    # below the table: a running snapshot's progress has no column of its own
+    lines.extend(f"{b['name']}: {snapshot_text(b['snapshot'])}"
+                 for b in status.get("backends", [])
+                 if (b.get("snapshot") or {}).get("state") == "running")
     return "\n".join(lines)
+
+
+def snapshot_text(snapshot: dict) -> str:
+    """``snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, table 1 of 2``."""
+    done, estimate = snapshot.get("table_rows", 0), snapshot.get("table_rows_estimated")
+    of = f"/~{estimate} rows ({min(100, done * 100 // estimate)}%)" if estimate else " rows"
+    return (f"snapshot {snapshot.get('table')} {done}{of}, "
+            f"{snapshot.get('rows_per_second', 0):.0f} rows/s, "
+            f"table {snapshot.get('tables_done', 0) + 1} of {snapshot.get('tables')}")
 
 
 def dead_letters_command(args) -> int:

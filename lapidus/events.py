@@ -19,7 +19,8 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence
 
 import orjson
 
-EVENT_TYPES = ("insert", "update", "replace", "delete", "truncate", "message", "schema", "gap")
+EVENT_TYPES = ("insert", "update", "replace", "delete", "truncate", "message", "schema", "gap",
+               "read")
 
 
 

@@ -43,6 +43,24 @@ class Family:
 STATE_VALUES = ("STOPPED", "STARTING", "RUNNING", "WAITING", "BACKOFF", "STOPPING", "FATAL")
 
 
+def _snapshot_metrics(f: Dict[str, "Family"], name: str, snapshot) -> None:
+    """A backend's snapshot gauges (docs/snapshots.md); none for a backend without one."""
+    if not snapshot:
+        return
+    running = snapshot.get("state") == "running"
+    f["lapidus_snapshot_running"].add(1 if running else 0, backend=name)
+    f["lapidus_snapshot_rows"].add(snapshot.get("rows") or 0, backend=name)
+    if running:
+        table = snapshot.get("table") or ""
+        f["lapidus_snapshot_table_rows"].add(snapshot.get("table_rows") or 0, backend=name,
+                                             table=table)
+        if snapshot.get("table_rows_estimated") is not None:
+            f["lapidus_snapshot_table_rows_estimated"].add(
+                snapshot["table_rows_estimated"], backend=name, table=table)
+        f["lapidus_snapshot_rows_per_second"].add(snapshot.get("rows_per_second") or 0,
+                                                  backend=name)
+
+
 def render(status: dict) -> str:
     """``status`` is :meth:`Arbiter.status`; returns the whole /metrics body."""
     f: Dict[str, Family] = {name: Family(name, kind, text) for name, kind, text in (
@@ -72,6 +90,13 @@ def render(status: dict) -> str:
          "1 while the backend is held at an event the sink refuses for good."),
         ("lapidus_dead_letters", "gauge",
          "Events in the backend's dead-letter file (refused for good, not sent again yet)."),
+        ("lapidus_snapshot_running", "gauge", "1 while the backend's snapshot runs."),
+        ("lapidus_snapshot_rows", "gauge", "Rows the snapshot emitted as read events so far."),
+        ("lapidus_snapshot_table_rows", "gauge",
+         "Rows the snapshot emitted of the table it reads now."),
+        ("lapidus_snapshot_table_rows_estimated", "gauge",
+         "The planner's row estimate (pg_class.reltuples) of the table the snapshot reads."),
+        ("lapidus_snapshot_rows_per_second", "gauge", "The snapshot's rate since it (re)started."),
     )}
     for b in status.get("backends", []):
         name = b["name"]
@@ -93,6 +118,7 @@ def render(status: dict) -> str:
         f["lapidus_worker_rss_bytes"].add(b.get("rss_bytes"), backend=name)
         f["lapidus_backend_waiting_seconds"].add(b.get("waiting_seconds") or 0, backend=name)
         f["lapidus_dead_letters"].add(b.get("dead_letters") or 0, backend=name)
+        _snapshot_metrics(f, name, b.get("snapshot"))
         for sink in (b.get("undeliverable") or {}):
             f["lapidus_undeliverable"].add(1, backend=name, sink=sink)
         for sink, state in (b.get("sinks") or {}).items():

@@ -569,6 +569,7 @@ def test_postgresql_defaults():
     assert b.options == {
         "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
+        "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "host": "127.0.0.1", "port": 5432, "user": "postgres", "password": None,
         "connect_timeout": 10, "passfile": None, "database": "shop",
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
@@ -592,6 +593,7 @@ def test_mysql_defaults_and_derived_server_id():
     assert a.options == {
         "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
+        "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "host": "127.0.0.1", "port": 3306, "user": "root", "password": None,
         "connect_timeout": 10, "database": None, "server_id": S.derived_server_id("crm"),
         "connect_retry_seconds": None, "heartbeat_seconds": 5.0,
@@ -617,6 +619,7 @@ def test_mongo_defaults_with_and_without_uri():
     assert plain.options == {
         "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
+        "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "uri": None, "host": "127.0.0.1", "port": 27017, "user": "u", "password": "pw12345",
         "database": None, "replica_set": None, "auth_source": None, "tls": None,
         "tls_ca_file": None, "tls_certificate_key_file": None,
@@ -906,7 +909,8 @@ def test_spec_settings_are_declared():
     names = {t: {s.name for s in S.backend_settings(t)} for t in S.BACKEND_TYPES}
     common = {"name", "type", "include_tables", "exclude_tables", "plugins", "enabled",
               "batch_size", "max_inflight_batches", "on_undeliverable",
-              "reconnect_max_delay"}
+              "reconnect_max_delay", "snapshot", "snapshot_chunk_rows",
+              "snapshot_chunk_timeout"}
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",

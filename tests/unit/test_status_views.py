@@ -33,3 +33,34 @@ def test_metrics_give_sink_up_and_down_seconds_per_backend_and_sink():
 def test_a_sink_without_a_connection_state_has_no_sink_metrics():
     body = metrics.render(status_with({}))
     assert "lapidus_sink_up{" not in body
+
+
+def test_a_running_snapshot_shows_below_the_table():
+    status = status_with({})
+    status["backends"][0]["snapshot"] = {
+        "n": 0, "state": "running", "table": "public.t", "tables_done": 0, "tables": 2,
+        "table_rows": 30000, "table_rows_estimated": 200000, "rows": 30000,
+        "rows_per_second": 5210.4}
+    lines = format_status(status).splitlines()
+    assert lines[2] == ("shop: snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, "
+                        "table 1 of 2")
+    status["backends"][0]["snapshot"] = {"n": 0, "state": "done", "rows": 5}
+    assert len(format_status(status).splitlines()) == 2
+
+
+def test_snapshot_metrics_while_running_and_once_done():
+    status = status_with({})
+    status["backends"][0]["snapshot"] = {
+        "n": 0, "state": "running", "table": "public.t", "tables_done": 0, "tables": 2,
+        "table_rows": 30000, "table_rows_estimated": 200000, "rows": 30000,
+        "rows_per_second": 5210.4}
+    body = metrics.render(status)
+    assert 'lapidus_snapshot_running{backend="shop"} 1' in body
+    assert 'lapidus_snapshot_rows{backend="shop"} 30000' in body
+    assert 'lapidus_snapshot_table_rows_estimated{backend="shop",table="public.t"} 200000' in body
+    assert 'lapidus_snapshot_rows_per_second{backend="shop"} 5210.4' in body
+    status["backends"][0]["snapshot"] = {"n": 0, "state": "done", "rows": 30005}
+    body = metrics.render(status)
+    assert 'lapidus_snapshot_running{backend="shop"} 0' in body
+    assert 'lapidus_snapshot_table_rows{' not in body
+    assert "lapidus_snapshot_running{" not in metrics.render(status_with({}))

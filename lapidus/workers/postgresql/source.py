@@ -23,6 +23,7 @@ from ...events import Event
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from ..scopewatch import ScopeWatch
+from ..snapshot.progress import SnapshotProgress
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
                      retained_wal, slot_info)
@@ -32,6 +33,7 @@ from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
                            explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
+from .snapshot import PgSnapshot, snapshot_tables
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 
@@ -84,6 +86,11 @@ class PostgresSource(Source):
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
         self._slot_cache: dict = {}
+        # the snapshot's progress (None: no snapshot in this checkpoint's history) and, while
+        # it runs, its driver (docs/snapshots.md)
+        self.snapshot_progress: Optional[SnapshotProgress] = None
+        self.snapshot: Optional[PgSnapshot] = None
+        self._snapshot_ignored_logged = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -155,8 +162,13 @@ class PostgresSource(Source):
         if decoder_name == "pgoutput":
             resume = (checkpoint["segment"], checkpoint["offset"]) if checkpoint else None
             relation_log = RelationLog(Path(self.state_dir) / RELATION_LOG, resume)
+        self._prepare_snapshot(checkpoint, decoder_name, publication, table_filter)
+        decoder_options = self.options
+        if self.snapshot is not None:
+            # the watermarks are logical messages: decode them even with messages = false
+            decoder_options = dict(self.options, messages=True)
         self.decoder = make_decoder(
-            decoder_name, self.catalog, table_filter, self.options, publication=publication,
+            decoder_name, self.catalog, table_filter, decoder_options, publication=publication,
             server_version=conn.server_version, relation_log=relation_log,
             warn=self.log.warning)
 
@@ -182,6 +194,54 @@ class PostgresSource(Source):
         self._repair_tail()
         self._spawn()
 
+    def _prepare_snapshot(self, checkpoint: Optional[dict], decoder_name: str,
+                          publication: str, table_filter: TableFilter) -> None:
+        """The snapshot as of ``checkpoint``: new on a first start, resumed from its saved
+        progress, or none.  Every open starts again from the confirmed checkpoint's progress
+        (a chunk held or emitted but unconfirmed is read again, with the same ids)."""
+        if self.snapshot is not None:
+            self.snapshot.close()
+        self.snapshot = None
+        self.snapshot_progress = None
+        if (self.options.get("snapshot") or "never") == "never":
+            return
+        name = self.backend.name
+        if checkpoint is not None and "snapshot" not in checkpoint:
+            if not self._snapshot_ignored_logged:
+                self._snapshot_ignored_logged = True
+                self.log.info('snapshot = "initial" has no effect: this backend already has a '
+                              "checkpoint (it streamed before), and the initial snapshot "
+                              "runs only on a first start; re-reading existing rows will be "
+                              "lapidusctl backfill (not built yet)")
+            return
+        if checkpoint is None:
+            progress = None
+        else:
+            progress = SnapshotProgress.from_state(checkpoint["snapshot"])
+            self.snapshot_progress = progress
+            if progress.done:
+                return
+        if decoder_name != "pgoutput":
+            raise BackendError(
+                f'backend "{name}": snapshot = "initial" needs the pgoutput decoder (this '
+                f"backend uses {decoder_name}); set decoder = \"pgoutput\" or "
+                f'snapshot = "never"', fatal=True)
+        if self.catalog.conn.server_version < 140000:
+            raise BackendError(
+                f'backend "{name}": snapshot = "initial" needs PostgreSQL 14 or later '
+                f"(pgoutput sends logical messages, the snapshot's watermarks, from 14 on); "
+                f'upgrade the server or set snapshot = "never"', fatal=True)
+        if progress is None:
+            progress = SnapshotProgress(0, snapshot_tables(self.catalog.conn, name,
+                                                           publication, table_filter))
+            self.log.info("snapshot started", tables=len(progress.tables))
+        else:
+            self.log.info("snapshot resumed", table=".".join(progress.table),
+                          last_key=progress.last_key, rows=progress.rows)
+        self.snapshot_progress = progress
+        self.snapshot = PgSnapshot(name, self.options, self.catalog, progress, self.log,
+                                   messages=bool(self.options.get("messages", True)))
+
     def suspend(self) -> None:
         """Before a reconnect: let go of the server but keep a temporary slot (it still
         holds the position the reconnect resumes from)."""
@@ -200,6 +260,8 @@ class PostgresSource(Source):
         if self.watch:
             self.watch.close()
             self.watch = None
+        if self.snapshot is not None:
+            self.snapshot.close()
         if self.catalog:
             if drop_temporary and self.options.get("temporary_slot"):
                 self._drop_temporary_objects()
@@ -259,6 +321,11 @@ class PostgresSource(Source):
     def _read(self, max_events: int, timeout: float) -> Batch:
         deadline = time.monotonic() + timeout
         events: List = []
+        snapshot = self.snapshot
+        if snapshot is not None and snapshot.wants_chunk():
+            # Only here, when the worker asks for more: sinks that are behind (backpressure)
+            # hold the next chunk back, and a held chunk is never joined by another.
+            snapshot.start_chunk()
         while True:
             self._supervise_child()
             consumed = self._consume(events, max_events)
@@ -272,6 +339,7 @@ class PostgresSource(Source):
     def _consume(self, events: List, max_events: int) -> bool:
         """Decode spooled messages into ``events``; True when at least one was consumed."""
         decoded, reader, feed = self.decoded, self.reader, self.assembler.feed
+        snapshot = self.snapshot
         # Moving on to the next segment counts as progress even without a frame: the new
         # checkpoint is what lets the finished segment be deleted (and a paused
         # pg_recvlogical resume once the spool is below its cap).
@@ -284,8 +352,13 @@ class PostgresSource(Source):
                 if not decoded:
                     break
             message, size = decoded.popleft()
+            cut = False
             if message is not None:
-                if message.__class__ is list:
+                if snapshot is not None:
+                    # slower path while a snapshot runs: watermarks and evictions
+                    for each in (message if message.__class__ is list else (message,)):
+                        cut = snapshot.feed(each, feed, events, self.assembler) or cut
+                elif message.__class__ is list:
                     # pgoutput: one TRUNCATE of several tables is one frame, one event each
                     for each in message:
                         feed(each, events)
@@ -293,12 +366,16 @@ class PostgresSource(Source):
                     feed(message, events)
             reader.consumed(size)
             consumed = True
+            if cut:
+                break   # a chunk's rows: the checkpoint after them carries the progress
         return consumed or reader.segment != segment_before
 
     def _checkpoint(self) -> dict:
         state = self.assembler.state()
         state["segment"] = self.reader.segment
         state["offset"] = self.reader.offset
+        if self.snapshot_progress is not None:
+            state["snapshot"] = self.snapshot_progress.state()
         return state
 
     def tick(self) -> None:
@@ -326,6 +403,8 @@ class PostgresSource(Source):
         out = {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
                "spool_bytes": total, "lag_bytes": unread}
         out.update(self._slot_health())
+        if self.snapshot_progress is not None:
+            out["snapshot"] = self.snapshot_progress.status()
         return out
 
     def _slot_health(self) -> dict:

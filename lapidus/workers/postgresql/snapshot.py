@@ -1,0 +1,325 @@
+"""PostgreSQL's side of a snapshot: tables, chunk SELECTs between watermarks, the hand-off.
+
+Runs in the PostgreSQL worker process, driven by :class:`~.source.PostgresSource`:
+
+* :func:`snapshot_tables` lists what the snapshot reads (the publication's tables that pass
+  include/exclude) and refuses, FATAL at start, tables without a primary key;
+* :meth:`PgSnapshot.start_chunk`, called by the source's ``read`` when no chunk is held:
+  opens a :class:`~..snapshot.window.ChunkWindow`, commits the low watermark, SELECTs the
+  next chunk (keyset on the primary key, its own connection, READ COMMITTED, statement
+  timeout), commits the high watermark;
+* :meth:`PgSnapshot.feed` sits in front of the transaction assembler while reading the
+  spool: changes evict keys of the held chunk, the high watermark turns what is left into
+  ``read`` events right there in the stream; watermark messages never become events.
+
+The watermarks are *transactional* logical messages (``pg_logical_emit_message(true, ...)``):
+the commit flushes the WAL, so the walsender sends them at once (a non-transactional message
+before PostgreSQL 17 waits for the WAL writer, up to ``wal_writer_delay`` per watermark), and
+they take their place in commit order, which is the stream's order.
+
+Rows are selected in PostgreSQL's text form (a psycopg2 caster that keeps the server's
+text) and mapped by type OID with the decoders' converters (:mod:`.types`), so a ``read`` row
+has exactly the values an ``insert`` of it would have: NUMERIC as exact strings, bytea base64.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import psycopg2
+import psycopg2.extensions
+
+from ..base import BackendError
+from ..snapshot import WATERMARK_PREFIX
+from ..snapshot.events import read_event
+from ..snapshot.progress import SnapshotProgress
+from ..snapshot.window import ChunkWindow
+from .catalog import connect
+from .decoding import Change
+from .errors import query_error
+from .publications import _quote
+
+Table = Tuple[str, str]
+
+_PUBLISHED = ("SELECT schemaname::text, tablename::text FROM pg_catalog.pg_publication_tables "
+              "WHERE pubname = %s ORDER BY 1, 2")
+
+_PRIMARY_KEY = """
+SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = %s::regclass AND i.indisprimary
+ORDER BY array_position(i.indkey::int2[], a.attnum)
+"""
+
+
+# PostgreSQL 15+: tables whose publication entry has a row filter or a column list
+_FILTERED_IN_PUBLICATION = """
+SELECT n.nspname::text, c.relname::text
+FROM pg_catalog.pg_publication p
+JOIN pg_catalog.pg_publication_rel r ON r.prpubid = p.oid
+JOIN pg_catalog.pg_class c ON c.oid = r.prrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE p.pubname = %s AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL)
+ORDER BY 1, 2
+"""
+
+
+def qualified(schema: str, table: str) -> str:
+    return f"{_quote(schema)}.{_quote(table)}"
+
+
+def primary_key(conn, schema: str, table: str) -> List[Tuple[str, str]]:
+    """``[(column, SQL type)]`` of the table's primary key in key order; [] without one."""
+    with conn.cursor() as cur:
+        cur.execute(_PRIMARY_KEY, (qualified(schema, table),))
+        return [(name, sqltype) for name, sqltype in cur.fetchall()]
+
+
+def snapshot_tables(conn, backend: str, publication: str, table_filter) -> List[Table]:
+    """The tables an initial snapshot reads, sorted; refuses tables without a primary key.
+
+    FATAL rather than skipping: a snapshot that silently leaves a table out breaks the
+    consumer's copy without a word, and the fix is the operator's (exclude or key it).
+    """
+    with conn.cursor() as cur:
+        cur.execute(_PUBLISHED, (publication,))
+        tables = [(s, t) for s, t in cur.fetchall() if table_filter.allows(s, t)]
+    if conn.server_version >= 150000:
+        with conn.cursor() as cur:
+            cur.execute(_FILTERED_IN_PUBLICATION, (publication,))
+            filtered = [f"{s}.{t}" for s, t in cur.fetchall() if (s, t) in set(tables)]
+        if filtered:
+            # SELECT * would hand out rows or columns the stream leaves out
+            raise BackendError(
+                f'backend "{backend}": snapshot = "initial" cannot read {", ".join(filtered)}: '
+                f'publication "{publication}" streams only some of its rows or columns (a '
+                f"row filter or column list), which the snapshot does not apply yet; leave "
+                f"the table out with exclude_tables, or publish it whole", fatal=True)
+    keyless = [f"{s}.{t}" for s, t in tables if not primary_key(conn, s, t)]
+    if keyless:
+        names = ", ".join(keyless)
+        raise BackendError(
+            f'backend "{backend}": snapshot = "initial" cannot read {names}: no primary key '
+            f"(the snapshot reads tables in primary-key chunks); give it a primary key, or "
+            f"leave it out with exclude_tables = {[*keyless]!r}".replace("'", '"'),
+            fatal=True)
+    return tables
+
+
+def _exists(conn, schema: str, table: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (qualified(schema, table),))
+        # True, or "t" once bool is among the types this connection keeps as text
+        return cur.fetchone()[0] in (True, "t")
+
+
+def _raw_text(value, _cursor):
+    """psycopg2 caster: the column's text exactly as the server sent it."""
+    return value
+
+
+class _TableShape:
+    """One table's columns and key, and its values' converters, found once per process."""
+
+    def __init__(self, names: List[str], oids: List[int], key: List[Tuple[str, str]],
+                 converters: list):
+        self.names = names
+        self.key_names = [name for name, _ in key]
+        self.key_types = [sqltype for _, sqltype in key]
+        self.key_index = [names.index(name) for name in self.key_names]
+        self.converters = converters
+        self.oids = oids
+
+
+class PgSnapshot:
+    """One snapshot of one backend, its progress and its held chunk (see the module)."""
+
+    def __init__(self, backend: str, options: dict, catalog, progress: SnapshotProgress,
+                 log, messages: bool):
+        self.backend = backend
+        self.options = options
+        self.catalog = catalog          # the source's metadata connection (type look-ups)
+        self.progress = progress
+        self.log = log
+        self.messages = messages        # the user's own messages become events
+        self.chunk_rows = int(options.get("snapshot_chunk_rows") or 5000)
+        self.timeout_ms = int(float(options.get("snapshot_chunk_timeout") or 30.0) * 1000)
+        self.window: Optional[ChunkWindow] = None
+        self.conn = None
+        self.shapes: Dict[Table, _TableShape] = {}
+        self.nonce = uuid.uuid4().hex[:12]
+        self.chunks = 0
+
+    def wants_chunk(self) -> bool:
+        return self.window is None and not self.progress.done
+
+    # -- the database side ----------------------------------------------------------------
+
+    def _connection(self):
+        if self.conn is None or self.conn.closed:
+            conn = connect(self.options, self.backend, f"lapidus_{self.backend}_snapshot")
+            with conn.cursor() as cur:
+                # READ COMMITTED: each chunk's SELECT sees what committed before it (the
+                # watermark before it included); the decoders' value settings
+                cur.execute("SET default_transaction_isolation = 'read committed'; "
+                            "SET extra_float_digits = 3; SET bytea_output = 'hex'; "
+                            f"SET statement_timeout = {self.timeout_ms}")
+            self.conn = conn
+            # the text casters of a table's types live on the connection: find them again
+            self.shapes.clear()
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+        self.window = None
+
+    def _shape(self, conn, schema: str, table: str) -> _TableShape:
+        shape = self.shapes.get((schema, table))
+        if shape is None:
+            key = primary_key(conn, schema, table)
+            if not key:
+                raise BackendError(
+                    f'backend "{self.backend}": table {schema}.{table} lost its primary key '
+                    f"during the snapshot; give it one again (or exclude it) and restart",
+                    fatal=True)
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT * FROM {qualified(schema, table)} LIMIT 0")
+                names = [col.name for col in cur.description]
+                oids = [col.type_code for col in cur.description]
+                # keep the server's text for these types, on this connection only
+                caster = psycopg2.extensions.new_type(tuple(set(oids)), "LAPIDUS_TEXT",
+                                                      _raw_text)
+                # (array columns have their own OIDs, in ``oids``: they stay text too)
+                psycopg2.extensions.register_type(caster, conn)
+                cur.execute("SELECT reltuples::int8 FROM pg_catalog.pg_class "
+                            "WHERE oid = %s::regclass", (qualified(schema, table),))
+                # int() because int8 may be one of the types kept as text above
+                estimate = int(cur.fetchone()[0])
+            self.progress.estimates[(schema, table)] = estimate if estimate >= 0 else None
+            shape = _TableShape(names, oids, key, [self.catalog.converter(o) for o in oids])
+            self.shapes[(schema, table)] = shape
+        return shape
+
+    def start_chunk(self) -> None:
+        """Low watermark, the next chunk's SELECT, high watermark; the rows are held."""
+        schema, table = self.progress.table
+        where = f"{schema}.{table}"
+        try:
+            conn = self._connection()
+            if (schema, table) not in self.shapes and not _exists(conn, schema, table):
+                self._skip_dropped(schema, table)
+                return
+            shape = self._shape(conn, schema, table)
+            self.chunks += 1
+            mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
+            # Opened before the low watermark: changes read from here on all evict (see
+            # ..snapshot.window for why that is safe and closes a visibility race).
+            window = ChunkWindow(mark, schema, table, shape.key_names)
+            self.window = window
+            sql, args = self._chunk_sql(schema, table, shape)
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                            (WATERMARK_PREFIX, f"{mark}:low"))
+                cur.execute(sql, args)
+                raw = cur.fetchall()
+                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                            (WATERMARK_PREFIX, f"{mark}:high"))
+        except psycopg2.errors.UndefinedTable:
+            self.window = None
+            self._skip_dropped(schema, table)
+            return
+        except psycopg2.errors.QueryCanceled:
+            self.window = None
+            raise BackendError(
+                f'backend "{self.backend}": a snapshot chunk of {where} '
+                f"({self.chunk_rows} rows) took longer than snapshot_chunk_timeout "
+                f"({self.timeout_ms / 1000:g} s); make snapshot_chunk_rows smaller or "
+                f"snapshot_chunk_timeout larger", fatal=True) from None
+        except psycopg2.Error as exc:
+            self.window = None
+            self.close()
+            raise query_error(exc, self.options, self.backend,
+                              f"reading a snapshot chunk of {where}") from None
+        window.hold(self._rows(shape, raw),
+                    [raw[-1][i] for i in shape.key_index] if raw else None)
+
+    def _skip_dropped(self, schema: str, table: str) -> None:
+        """The table was dropped since the snapshot began: nothing of it is left to read
+        (its rows read so far stay with the consumer, as after any DROP TABLE)."""
+        self.log.warning("table dropped during the snapshot; nothing more to read",
+                         table=f"{schema}.{table}")
+        self.shapes.pop((schema, table), None)
+        self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+        self._finish_if_done()
+
+    def _chunk_sql(self, schema: str, table: str, shape: _TableShape):
+        keys = ", ".join(_quote(name) for name in shape.key_names)
+        sql = f"SELECT * FROM {qualified(schema, table)}"
+        args: Sequence[Any] = ()
+        last = self.progress.last_key
+        if last is not None:
+            # keyset: the row-value comparison orders exactly like ORDER BY over the key
+            casts = ", ".join(f"%s::{sqltype}" for sqltype in shape.key_types)
+            sql += f" WHERE ({keys}) > ({casts})"
+            args = tuple(last)
+        sql += f" ORDER BY {keys} LIMIT {self.chunk_rows}"
+        return sql, args
+
+    @staticmethod
+    def _rows(shape: _TableShape, raw) -> List[Tuple[dict, dict]]:
+        names, converters, key_names = shape.names, shape.converters, shape.key_names
+        rows = []
+        for values in raw:
+            item = {name: None if value is None else convert(value)
+                    for name, convert, value in zip(names, converters, values)}
+            rows.append(({name: item[name] for name in key_names}, item))
+        return rows
+
+    # -- the stream side ------------------------------------------------------------------
+
+    def feed(self, message, feed, events: List, assembler) -> bool:
+        """Look at one decoded message before the assembler does.
+
+        Returns True when the batch must end here (a chunk's rows were just appended: the
+        checkpoint after them is the one that carries the new progress).
+        """
+        if message.__class__ is Change:
+            if message.type == "message":
+                if message.prefix == WATERMARK_PREFIX:
+                    return self._watermark(message.content or "", events, assembler)
+                if not self.messages:
+                    return False    # decoded only for the watermarks (messages = false)
+            elif self.window is not None:
+                self.window.saw(message.schema, message.table, message.type,
+                                message.pk, message.before)
+        feed(message, events)
+        return False
+
+    def _watermark(self, content: str, events: List, assembler) -> bool:
+        window = self.window
+        if window is None or window.watermark_kind(content) != "high":
+            return False            # the low one, or one of a chunk given up before
+        position = assembler.tx_position or ""
+        ts = assembler.tx_ts
+        schema, table = window.schema, window.table
+        rows = window.remaining()
+        n = self.progress.n
+        for pk, item in rows:
+            events.append(read_event(self.backend, n, schema, table, pk, item, position, ts))
+        self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
+                                    self.chunk_rows)
+        self.window = None
+        self._finish_if_done()
+        return True
+
+    def _finish_if_done(self) -> None:
+        if self.progress.done:
+            self.log.info("snapshot finished", rows=self.progress.rows)
+            self.close()

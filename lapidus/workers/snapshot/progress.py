@@ -1,0 +1,83 @@
+"""How far a snapshot is: its part of the worker's checkpoint, and its status fields.
+
+Runs in the worker process.  The state is plain JSON inside the source's checkpoint
+(``"snapshot"`` key), advanced only when a chunk's ``read`` events are in the batch that
+carries the new checkpoint: the worker saves a checkpoint once the sinks confirmed its
+batch, so after a crash the snapshot resumes after the last *delivered* chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+class SnapshotProgress:
+    """Tables in snapshot order; those before ``index`` are done; ``last_key`` is the last key
+    (source's raw form) of the last emitted chunk of ``tables[index]``, None before its first.
+    """
+
+    def __init__(self, n: int, tables: Sequence[Tuple[str, str]], index: int = 0,
+                 last_key: Optional[List[Any]] = None, rows: int = 0, table_rows: int = 0):
+        self.n = n
+        self.tables = [tuple(t) for t in tables]
+        self.index = index
+        self.last_key = last_key
+        self.rows = rows                # read rows emitted so far, all tables
+        self.table_rows = table_rows    # of the current table
+        self.estimates: Dict[Tuple[str, str], Optional[int]] = {}
+        self._started = time.monotonic()
+        self._rows_at_start = rows
+
+    # -- checkpoint ----------------------------------------------------------------------
+
+    def state(self) -> dict:
+        if self.done:
+            return {"n": self.n, "done": True, "rows": self.rows}
+        return {"n": self.n, "done": False, "tables": [list(t) for t in self.tables],
+                "index": self.index, "last_key": self.last_key, "rows": self.rows,
+                "table_rows": self.table_rows}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SnapshotProgress":
+        if state.get("done"):
+            return cls(state.get("n", 0), [], 0, None, state.get("rows", 0))
+        return cls(state.get("n", 0), state.get("tables", []), state.get("index", 0),
+                   state.get("last_key"), state.get("rows", 0), state.get("table_rows", 0))
+
+    # -- moving on -----------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.index >= len(self.tables)
+
+    @property
+    def table(self) -> Optional[Tuple[str, str]]:
+        return None if self.done else self.tables[self.index]
+
+    def chunk_emitted(self, last_key: Optional[List[Any]], emitted: int,
+                      selected: int, chunk_rows: int) -> None:
+        """A chunk's rows are in the outgoing batch: a short chunk ends the table."""
+        self.rows += emitted
+        self.table_rows += emitted
+        if selected < chunk_rows or last_key is None:
+            self.index += 1
+            self.last_key = None
+            self.table_rows = 0
+        else:
+            self.last_key = last_key
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """``snapshot`` field of the worker's stats (``lapidusctl status --json``)."""
+        elapsed = max(time.monotonic() - self._started, 1e-6)
+        rate = round((self.rows - self._rows_at_start) / elapsed, 1)
+        if self.done:
+            return {"n": self.n, "state": "done", "rows": self.rows}
+        schema, table = self.tables[self.index]
+        return {"n": self.n, "state": "running", "table": f"{schema}.{table}",
+                "tables_done": self.index, "tables": len(self.tables),
+                "table_rows": self.table_rows,
+                "table_rows_estimated": self.estimates.get((schema, table)),
+                "rows": self.rows, "rows_per_second": rate}

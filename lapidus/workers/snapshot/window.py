@@ -1,0 +1,90 @@
+"""One held chunk and the watermark hand-off (DBLog's method).
+
+Runs in the worker process.  The source opens a :class:`ChunkWindow` *before* it emits the
+chunk's low watermark and runs the SELECT, gives it the rows, then emits the high watermark.
+While the worker reads its stream up to that high watermark, every change of a key of the
+held chunk evicts that key (:meth:`ChunkWindow.saw`); at the high watermark the rows left are
+emitted, in key order, right there in the stream: before any change committed after it.
+
+Why this folds to the table's content: a key changed while the window is open has its newest
+state in the stream (the change itself, which comes before the high watermark), so its row
+from the SELECT, which may be older, is dropped; a key not changed in the window still has
+the state the SELECT read.  Changes are tracked from the moment the window opens, not only
+from the low watermark: a change the worker reads between the two is also already in the
+stream, so dropping its row is safe, and this covers a transaction whose commit record
+precedes the low watermark but which the SELECT did not yet see.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .events import pk_text
+
+Row = Tuple[Dict[str, Any], Dict[str, Any]]  # (pk, item)
+
+
+class ChunkWindow:
+    """The rows of one chunk of ``schema.table``, keyed by their primary key.
+
+    ``watermark`` is the id both watermark messages carry (``<id>:low``, ``<id>:high``).
+    ``last_key`` is the chunk's last key in the source's own form (what the next chunk's
+    keyset condition starts after), whether or not that row is evicted.
+    """
+
+    def __init__(self, watermark: str, schema: str, table: str, key_names: Sequence[str]):
+        self.watermark = watermark
+        self.schema = schema
+        self.table = table
+        self.key_names = tuple(key_names)
+        self.rows: Dict[str, Row] = {}      # insertion order is key order (ORDER BY pk)
+        self.selected = 0
+        self.last_key: Optional[List[Any]] = None
+        self.evicted = 0
+        self.low_seen = False
+
+    def hold(self, rows: Sequence[Row], last_key: Optional[List[Any]]) -> None:
+        """The SELECT's rows (``(pk, item)``, in key order) and the raw last key."""
+        for pk, item in rows:
+            self.rows[self._key(pk)] = (pk, item)
+        self.selected = len(rows)
+        self.last_key = last_key
+
+    def _key(self, pk) -> Optional[str]:
+        try:
+            return pk_text([pk[name] for name in self.key_names])
+        except (KeyError, TypeError):
+            return None   # no complete key (a table without one): cannot match a row
+
+    def saw(self, schema: Optional[str], table: Optional[str], kind: str,
+            pk: Optional[dict], before: Optional[dict]) -> None:
+        """A change in the stream while the window is open: evict the keys it touches.
+
+        An update that changes the key names the old key in ``before``: both go.  A
+        truncate of the table empties the chunk.
+        """
+        if table != self.table or schema != self.schema:
+            return
+        if kind == "truncate":
+            self.evicted += len(self.rows)
+            self.rows.clear()
+            return
+        for keys in (pk, before):
+            if keys:
+                key = self._key(keys)
+                if key is not None and self.rows.pop(key, None) is not None:
+                    self.evicted += 1
+
+    def watermark_kind(self, content: str) -> Optional[str]:
+        """``"low"`` or ``"high"`` for this window's watermarks, None for any other (one of
+        an earlier window, resent after a restart of the stream)."""
+        head, _, kind = content.rpartition(":")
+        if head != self.watermark or kind not in ("low", "high"):
+            return None
+        if kind == "low":
+            self.low_seen = True
+        return kind
+
+    def remaining(self) -> List[Row]:
+        """The rows no change evicted, in key order: what the high watermark emits."""
+        return list(self.rows.values())
