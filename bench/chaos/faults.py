@@ -61,7 +61,7 @@ CLASSIC_KINDS = ("kill_worker_pg", "kill_worker_mysql", "kill_dispatcher", "kill
                  "cut_pg", "cut_mysql", "cut_nats")
 STOP_KINDS = ("stop_worker_pg", "stop_worker_mysql", "stop_dispatcher", "stop_supervisor")
 RELOAD_KINDS = ("reload_backends", "reload_sink_option", "reload_backend_option")
-# issue 14's faults; none of them touches the shared PostgreSQL or MariaDB server
+# the lifecycle faults; none of them touches the shared PostgreSQL or MariaDB server
 NEW_KINDS = STOP_KINDS + RELOAD_KINDS + ("dead_letter", "slow_clients")
 KINDS = CLASSIC_KINDS + NEW_KINDS
 CI_KINDS = tuple(k for k in CLASSIC_KINDS if k != "pg_restart")
@@ -259,7 +259,7 @@ class FaultInjector(threading.Thread):
     def cut_nats(self) -> str:
         return self._cut("nats")
 
-    # -- issue 14: frozen processes ------------------------------------------------------------
+    # -- lifecycle: frozen processes ------------------------------------------------------------
 
     def _wait_recovered(self, what: str, timeout: float = RECOVERY) -> ctl.CtlAnswer:
         """``lapidusctl status`` shows every configured backend RUNNING with a running process,
@@ -309,7 +309,7 @@ class FaultInjector(threading.Thread):
                              f"{length:.1f}s")
         return f"pid {pid} frozen {length:.1f}s (heartbeat_timeout {run.heartbeat_timeout:g}s)"
 
-    # -- issue 14: reloads -------------------------------------------------------------------
+    # -- lifecycle: reloads -------------------------------------------------------------------
 
     def _reload(self, change: str, restarted: Optional[str] = None) -> str:
         """Rewrite the configuration (already flipped in the plan), SIGHUP, and wait until the
@@ -345,7 +345,7 @@ class FaultInjector(threading.Thread):
         return self._reload(run.plan.flip_backend_option(backend),
                             restarted=f"lapidus:{backend}")
 
-    # -- issue 14: an event too large for NATS ---------------------------------------------------
+    # -- lifecycle: an event too large for NATS ---------------------------------------------------
 
     def dead_letter(self) -> str:
         """An oversized insert amid one of the load's transactions; back when it is in the
@@ -363,7 +363,7 @@ class FaultInjector(threading.Thread):
         return (f"{writer.backend} key {change.key} ({run.options.oversized_pad} bytes of pad, "
                 f"max_payload {run.options.max_payload}) dead-lettered")
 
-    # -- issue 14: slow clients ----------------------------------------------------------------
+    # -- lifecycle: slow clients ----------------------------------------------------------------
 
     def slow_clients(self) -> str:
         """50 slow clients for a few seconds; meanwhile ``lapidusctl status`` must answer

@@ -7,7 +7,7 @@ proxies between Lapidus and the servers: twice each.  PostgreSQL is not restarte
 suites share it; the long run does it).  After each fault the run waits until the stream caught
 up, so the faults never overlap and the test is deterministic enough for CI.
 
-A second short run does the same with issue 14's faults (frozen processes, reloads, an event
+A second short run does the same with the lifecycle faults (frozen processes, reloads, an event
 too large for NATS that must go to the dead letters, slow clients), once each.
 
 The checker compares the stream with the ledger of committed changes: nothing lost, per-key and
@@ -222,7 +222,7 @@ def test_short_chaos_run_loses_nothing(servers_up, tmp_path):
 
 def test_short_chaos_run_with_frozen_processes_reloads_dead_letters_and_slow_clients(
         servers_up, tmp_path):
-    """Issue 14's faults, once each: a worker, the dispatcher and the supervisor frozen (kill
+    """The lifecycle faults, once each: a worker, the dispatcher and the supervisor frozen (kill
     -STOP, then -CONT, shorter or longer than heartbeat_timeout), reloads that remove or add
     the extra backend and change a nats option and a backend option, an event larger than
     max_payload with on_undeliverable = "dead_letter", 50 slow clients.  None of them touches
