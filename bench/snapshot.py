@@ -42,26 +42,14 @@ import time
 from pathlib import Path
 
 import psutil
-import psycopg2
+
+from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 
 DB = "lapidus_bench_snapshot"
 BACKEND = "bench"
 WORKER_NAME = f"lapidus:{BACKEND}"[:15]   # the kernel keeps 15 bytes of a process name
-PG = dict(host="127.0.0.1", port=int(os.environ.get("BENCH_PG_PORT", "5432")), user="postgres")
 MIB = 2 ** 20
 READ_MARK = b'"type":"read"'
-
-
-def connect(dbname="postgres"):
-    conn = psycopg2.connect(dbname=dbname, **PG)
-    conn.autocommit = True
-    return conn
-
-
-def sql(conn, statement, args=None):
-    with conn.cursor() as cur:
-        cur.execute(statement, args)
-        return cur.fetchall() if cur.description else None
 
 
 def drop_slots(admin, timeout: float = 15.0) -> None:
