@@ -328,18 +328,24 @@ def test_a_chunk_past_its_statement_timeout_fails_the_backend_clearly(pg_db, lap
     assert "Traceback" not in proc.log()
 
 
+def held_by_a_down_sink(pg_db, lapidus_factory, private_nats, prefix: str, chunk_rows: int):
+    """Lapidus snapshotting into a JetStream sink whose server is not started yet: the worker
+    stops at max_inflight_batches (2) unconfirmed batches, and the snapshot with it (a chunk
+    starts only when the worker reads again).  The process and its status row, once held."""
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
+                                snapshot_chunk_rows=chunk_rows, max_inflight_batches=2)],
+        "plugins": {"nats": {"server": private_nats.url, "jetstream": True,
+                             "subject_prefix": prefix, "reconnect_time_wait": 0.3}}})
+    held = until(proc, lambda: (lambda row: row if row.get("inflight") == 2 else None)(
+        backend_status(proc.config_path, "pg")), 30, "the worker held back by the sink")
+    return proc, held
+
+
 def test_a_sink_that_is_down_holds_the_snapshot_back_and_nothing_is_dropped(
         pg_db, lapidus_factory, private_nats):
     make_table(pg_db, 20_000)
-    proc = lapidus_factory({
-        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
-                                snapshot_chunk_rows=500, max_inflight_batches=2)],
-        "plugins": {"nats": {"server": private_nats.url, "jetstream": True,
-                             "subject_prefix": "snap", "reconnect_time_wait": 0.3}}})
-    # NATS is down: the worker stops at max_inflight_batches unconfirmed batches, and the
-    # snapshot with it (a chunk starts only when the worker reads again)
-    blocked = until(proc, lambda: (lambda row: row if row.get("inflight") == 2 else None)(
-        backend_status(proc.config_path, "pg")), 30, "the worker held back by the sink")
+    proc, blocked = held_by_a_down_sink(pg_db, lapidus_factory, private_nats, "snap", 500)
     assert blocked["snapshot"]["state"] == "running"
     assert blocked["snapshot"]["rows"] <= 3 * 500
     private_nats.start()
@@ -378,14 +384,8 @@ def test_tables_dropped_during_the_snapshot_are_skipped_with_a_warning(
               "INSERT INTO a SELECT generate_series(1, 20000)", "ANALYZE a",
               "CREATE TABLE b (id int PRIMARY KEY)", "INSERT INTO b VALUES (1)",
               "CREATE TABLE c (id int PRIMARY KEY)", "INSERT INTO c VALUES (1), (2)")
-    proc = lapidus_factory({
-        "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
-                                snapshot_chunk_rows=300, max_inflight_batches=2)],
-        "plugins": {"nats": {"server": private_nats.url, "jetstream": True,
-                             "subject_prefix": "drop", "reconnect_time_wait": 0.3}}})
     # the sink is down: the snapshot is held in table a, with no timing involved
-    held = until(proc, lambda: (lambda row: row if row.get("inflight") == 2 else None)(
-        backend_status(proc.config_path, "pg")), 30, "the snapshot held back in table a")
+    proc, held = held_by_a_down_sink(pg_db, lapidus_factory, private_nats, "drop", 300)
     assert held["snapshot"]["table"] == "public.a"
     pg_db.sql("DROP TABLE a", "DROP TABLE b")      # a in the middle, b before it began
     private_nats.start()
