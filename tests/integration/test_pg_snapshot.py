@@ -70,10 +70,16 @@ class Writer(threading.Thread):
                         cur.execute("INSERT INTO t VALUES (%s, %s, 1.10) ON CONFLICT (id) DO "
                                     "UPDATE SET v = excluded.v", (i + self.top, f"i{self.done}"))
                     self.done += 1
-        except Exception as exc:   # reported by the test, not lost in the thread
+        except Exception as exc:   # reported by stop(), not lost in the thread
             self.error = exc
         finally:
             conn.close()
+
+    def stop(self) -> None:
+        """Halt and join; the writer's own failure, if any, fails the test."""
+        self.halt.set()
+        self.join(10)
+        assert self.error is None, self.error
 
 
 def make_table(db, rows: int):
@@ -120,9 +126,7 @@ def test_initial_snapshot_under_a_concurrent_writer_folds_to_the_table(pg_db, la
         until(proc, lambda: snapshot_state(proc).get("state") == "done", 60,
               "the snapshot to finish")
     finally:
-        writer.halt.set()
-        writer.join(10)
-    assert writer.error is None, writer.error
+        writer.stop()
     assert writer.done > 100                 # the writer really ran during the snapshot
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
@@ -153,9 +157,7 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
     try:
         _kill_and_resume(proc, pg_db)
     finally:
-        writer.halt.set()
-        writer.join(10)
-    assert writer.error is None, writer.error
+        writer.stop()
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
     reads = sum(1 for e in events if e["type"] == "read")
@@ -297,9 +299,7 @@ def test_pg_recvlogical_killed_mid_snapshot_still_folds_to_the_table(pg_db, lapi
         until(proc, lambda: snapshot_state(proc).get("state") == "done", 60,
               "the snapshot to finish")
     finally:
-        writer.halt.set()
-        writer.join(10)
-    assert writer.error is None, writer.error
+        writer.stop()
     assert "pg_recvlogical exited" in proc.log() or "reconnecting" in proc.log()
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
