@@ -89,6 +89,32 @@ class Source(abc.ABC):
         final stop releases (PostgreSQL keeps a temporary slot)."""
         self.close()
 
+    # -- snapshots (docs/snapshots.md) ----------------------------------------------------
+
+    #: the progress of the current or last snapshot run, put in the checkpoint as
+    #: ``"snapshot"``; None for a backend that never ran one
+    snapshot_progress = None
+
+    def snapshot_running(self) -> bool:
+        progress = self.snapshot_progress
+        return progress is not None and not progress.done
+
+    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+        """Begin backfill ``n`` of ``table`` (``table`` or ``schema.table``), rows matching
+        ``where`` (SQL; a JSON filter on MongoDB) or all; returns ``schema.table``.
+
+        Called by the worker loop only while no run is in progress.  Raises
+        :class:`~.snapshot.run.SnapshotRefused` for a table that is unknown, not streamed,
+        keyless, or a ``where`` the server rejects.  The run's progress becomes
+        :attr:`snapshot_progress`; after a restart :meth:`open` resumes it from the
+        checkpoint."""
+        from .snapshot.run import SnapshotRefused
+        raise SnapshotRefused(f'backend "{self.backend.name}": backfills are not built for '
+                              f"{self.backend.type} backends yet")
+
+    def cancel_snapshot(self) -> None:
+        """Stop the current run (``lapidusctl backfill --cancel``); what it emitted stands."""
+
     def target(self) -> str:
         """``HOST:PORT`` (or what names the server) for "waiting for ..." in the status."""
         options = getattr(self.backend, "options", None) or {}

@@ -24,7 +24,6 @@ has exactly the values an ``insert`` of it would have: NUMERIC as exact strings,
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import psycopg2
@@ -32,9 +31,8 @@ import psycopg2.extensions
 
 from ..base import BackendError
 from ..snapshot import WATERMARK_PREFIX
-from ..snapshot.events import read_event
 from ..snapshot.progress import SnapshotProgress
-from ..snapshot.window import ChunkWindow
+from ..snapshot.run import SnapshotRun
 from .catalog import connect
 from .decoding import Change
 from .errors import query_error
@@ -133,27 +131,17 @@ class _TableShape:
         self.oids = oids
 
 
-class PgSnapshot:
-    """One snapshot of one backend, its progress and its held chunk (see the module)."""
+class PgSnapshot(SnapshotRun):
+    """One snapshot run of one PostgreSQL backend: the database half (see the module)."""
 
     def __init__(self, backend: str, options: dict, catalog, progress: SnapshotProgress,
                  log, messages: bool):
-        self.backend = backend
-        self.options = options
+        super().__init__(backend, options, progress, log)
         self.catalog = catalog          # the source's metadata connection (type look-ups)
-        self.progress = progress
-        self.log = log
         self.messages = messages        # the user's own messages become events
-        self.chunk_rows = int(options.get("snapshot_chunk_rows") or 5000)
-        self.timeout_ms = int(float(options.get("snapshot_chunk_timeout") or 30.0) * 1000)
-        self.window: Optional[ChunkWindow] = None
+        self.timeout_ms = int(self.timeout_seconds * 1000)
         self.conn = None
         self.shapes: Dict[Table, _TableShape] = {}
-        self.nonce = uuid.uuid4().hex[:12]
-        self.chunks = 0
-
-    def wants_chunk(self) -> bool:
-        return self.window is None and not self.progress.done
 
     # -- the database side ----------------------------------------------------------------
 
@@ -178,7 +166,7 @@ class PgSnapshot:
             except Exception:
                 pass
             self.conn = None
-        self.window = None
+        super().close()
 
     def _shape(self, conn, schema: str, table: str) -> _TableShape:
         shape = self.shapes.get((schema, table))
@@ -217,12 +205,10 @@ class PgSnapshot:
                 self._skip_dropped(schema, table)
                 return
             shape = self._shape(conn, schema, table)
-            self.chunks += 1
-            mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
             # Opened before the low watermark: changes read from here on all evict (see
             # ..snapshot.window for why that is safe and closes a visibility race).
-            window = ChunkWindow(mark, schema, table, shape.key_names)
-            self.window = window
+            window = self.open_window(schema, table, shape.key_names)
+            mark = window.watermark
             sql, args = self._chunk_sql(schema, table, shape)
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
@@ -251,24 +237,25 @@ class PgSnapshot:
                     [raw[-1][i] for i in shape.key_index] if raw else None)
 
     def _skip_dropped(self, schema: str, table: str) -> None:
-        """The table was dropped since the snapshot began: nothing of it is left to read
-        (its rows read so far stay with the consumer, as after any DROP TABLE)."""
-        self.log.warning("table dropped during the snapshot; nothing more to read",
-                         table=f"{schema}.{table}")
         self.shapes.pop((schema, table), None)
-        self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
-        self._finish_if_done()
+        self.skip_table(schema, table)
 
     def _chunk_sql(self, schema: str, table: str, shape: _TableShape):
         keys = ", ".join(_quote(name) for name in shape.key_names)
         sql = f"SELECT * FROM {qualified(schema, table)}"
         args: Sequence[Any] = ()
+        conditions = []
         last = self.progress.last_key
         if last is not None:
             # keyset: the row-value comparison orders exactly like ORDER BY over the key
             casts = ", ".join(f"%s::{sqltype}" for sqltype in shape.key_types)
-            sql += f" WHERE ({keys}) > ({casts})"
+            conditions.append(f"({keys}) > ({casts})")
             args = tuple(last)
+        if self.progress.where:
+            # a backfill's --where, in parentheses so its OR cannot escape the keyset
+            conditions.append(f"({self.progress.where})")
+        if conditions:
+            sql += " WHERE " + " AND ".join(conditions)
         sql += f" ORDER BY {keys} LIMIT {self.chunk_rows}"
         return sql, args
 
@@ -297,8 +284,8 @@ class PgSnapshot:
                 if not self.messages:
                     return False    # decoded only for the watermarks (messages = false)
             elif self.window is not None:
-                self.window.saw(message.schema, message.table, message.type,
-                                message.pk, message.before)
+                self.saw(message.schema, message.table, message.type, message.pk,
+                         message.before)
         feed(message, events)
         return False
 
@@ -306,20 +293,5 @@ class PgSnapshot:
         window = self.window
         if window is None or window.watermark_kind(content) != "high":
             return False            # the low one, or one of a chunk given up before
-        position = assembler.tx_position or ""
-        ts = assembler.tx_ts
-        schema, table = window.schema, window.table
-        rows = window.remaining()
-        n = self.progress.n
-        for pk, item in rows:
-            events.append(read_event(self.backend, n, schema, table, pk, item, position, ts))
-        self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
-                                    self.chunk_rows)
-        self.window = None
-        self._finish_if_done()
+        self.emit_window(events, assembler.tx_position or "", assembler.tx_ts)
         return True
-
-    def _finish_if_done(self) -> None:
-        if self.progress.done:
-            self.log.info("snapshot finished", rows=self.progress.rows)
-            self.close()

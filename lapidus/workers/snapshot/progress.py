@@ -18,8 +18,11 @@ class SnapshotProgress:
     """
 
     def __init__(self, n: int, tables: Sequence[Tuple[str, str]], index: int = 0,
-                 last_key: Optional[List[Any]] = None, rows: int = 0, table_rows: int = 0):
-        self.n = n
+                 last_key: Optional[List[Any]] = None, rows: int = 0, table_rows: int = 0,
+                 where: Optional[str] = None, cancelled: bool = False):
+        self.n = n                      # 0: the initial snapshot; 1, 2, ...: backfills
+        self.where = where              # a backfill's condition (SQL, or a MongoDB filter)
+        self.cancelled = cancelled
         self.tables = [tuple(t) for t in tables]
         self.index = index
         self.last_key = last_key
@@ -33,17 +36,25 @@ class SnapshotProgress:
 
     def state(self) -> dict:
         if self.done:
-            return {"n": self.n, "done": True, "rows": self.rows}
-        return {"n": self.n, "done": False, "tables": [list(t) for t in self.tables],
-                "index": self.index, "last_key": self.last_key, "rows": self.rows,
-                "table_rows": self.table_rows}
+            state = {"n": self.n, "done": True, "rows": self.rows}
+            if self.cancelled:
+                state["cancelled"] = True
+            return state
+        state = {"n": self.n, "done": False, "tables": [list(t) for t in self.tables],
+                 "index": self.index, "last_key": self.last_key, "rows": self.rows,
+                 "table_rows": self.table_rows}
+        if self.where is not None:
+            state["where"] = self.where
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> "SnapshotProgress":
         if state.get("done"):
-            return cls(state.get("n", 0), [], 0, None, state.get("rows", 0))
+            return cls(state.get("n", 0), [], 0, None, state.get("rows", 0),
+                       cancelled=bool(state.get("cancelled")))
         return cls(state.get("n", 0), state.get("tables", []), state.get("index", 0),
-                   state.get("last_key"), state.get("rows", 0), state.get("table_rows", 0))
+                   state.get("last_key"), state.get("rows", 0), state.get("table_rows", 0),
+                   where=state.get("where"))
 
     # -- moving on -----------------------------------------------------------------------
 
@@ -67,6 +78,11 @@ class SnapshotProgress:
         else:
             self.last_key = last_key
 
+    def cancel(self) -> None:
+        self.index = len(self.tables)
+        self.last_key = None
+        self.cancelled = True
+
     # -- status --------------------------------------------------------------------------
 
     def status(self) -> dict:
@@ -74,9 +90,11 @@ class SnapshotProgress:
         elapsed = max(time.monotonic() - self._started, 1e-6)
         rate = round((self.rows - self._rows_at_start) / elapsed, 1)
         if self.done:
-            return {"n": self.n, "state": "done", "rows": self.rows}
+            return {"n": self.n, "state": "cancelled" if self.cancelled else "done",
+                    "rows": self.rows}
         schema, table = self.tables[self.index]
         return {"n": self.n, "state": "running", "table": f"{schema}.{table}",
+                "where": self.where,
                 "tables_done": self.index, "tables": len(self.tables),
                 "table_rows": self.table_rows,
                 "table_rows_estimated": self.estimates.get((schema, table)),

@@ -1,0 +1,108 @@
+"""One snapshot run (the initial snapshot or a backfill): its progress and its held chunk.
+
+Runs in the worker process.  :class:`SnapshotRun` is the source-agnostic half; a source
+subclasses it with the database half (:meth:`SnapshotRun.start_chunk`: open a window with
+:meth:`open_window`, read the chunk between its watermarks, :meth:`ChunkWindow.hold` the
+rows) and calls, from its stream reading, :meth:`saw` for every change and
+:meth:`emit_window` when the chunk's high watermark (or position) is reached.
+
+Contract with the source and the worker loop:
+
+* a chunk is started only when the worker asks the source for more (:meth:`wants_chunk` in
+  ``read``), so sinks that are behind hold the snapshot back and at most one chunk is held;
+* the ``read`` events of a chunk end their batch: the checkpoint of that batch carries the
+  progress (:meth:`SnapshotProgress.state`), saved once every sink confirmed it;
+* a source that is opened again (a reconnect, a restart) builds a new run from the confirmed
+  checkpoint's progress: a chunk held or emitted but not confirmed is read again, same ids.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import List, Optional, Sequence
+
+from ..base import BackendError
+from .events import read_event
+from .progress import SnapshotProgress
+from .window import ChunkWindow
+
+
+class SnapshotRefused(BackendError):
+    """A backfill request that cannot run (unknown table, not streamed, no key, bad filter):
+    the message names the table, the reason and the fix; the backend streams on."""
+
+
+class SnapshotRun:
+    """The progress and held chunk of one run; subclasses implement :meth:`start_chunk`."""
+
+    def __init__(self, backend: str, options: dict, progress: SnapshotProgress, log):
+        self.backend = backend
+        self.options = options
+        self.progress = progress
+        self.log = log
+        self.chunk_rows = int(options.get("snapshot_chunk_rows") or 5000)
+        self.timeout_seconds = float(options.get("snapshot_chunk_timeout") or 30.0)
+        self.window: Optional[ChunkWindow] = None
+        self.nonce = uuid.uuid4().hex[:12]   # tells this run's watermarks from a stale run's
+        self.chunks = 0
+
+    # -- the worker's side ----------------------------------------------------------------
+
+    def wants_chunk(self) -> bool:
+        return self.window is None and not self.progress.done
+
+    def start_chunk(self) -> None:
+        """Open a window, read the next chunk of ``progress.table`` after
+        ``progress.last_key`` (and matching ``progress.where``) between the watermarks, and
+        hold its rows.  Called only when :meth:`wants_chunk`."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the run's own connection; the held chunk is dropped (read again later)."""
+        self.window = None
+
+    def cancel(self) -> None:
+        """``lapidusctl backfill --cancel``: stop here; events already emitted stand."""
+        self.log.info("snapshot cancelled", n=self.progress.n, rows=self.progress.rows)
+        self.progress.cancel()
+        self.close()
+
+    # -- helpers for the source's half ----------------------------------------------------
+
+    def open_window(self, schema: str, table: str, key_names: Sequence[str]) -> ChunkWindow:
+        """A new window for the next chunk; its ``watermark`` is unique to this run."""
+        self.chunks += 1
+        mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
+        self.window = ChunkWindow(mark, schema, table, key_names)
+        return self.window
+
+    def saw(self, schema, table, kind: str, pk, before) -> None:
+        """A change read from the stream: it evicts its keys from the held chunk."""
+        if self.window is not None:
+            self.window.saw(schema, table, kind, pk, before)
+
+    def emit_window(self, events: List, position: str, ts: Optional[str]) -> None:
+        """The held chunk's high watermark: its remaining rows become ``read`` events,
+        appended to ``events`` (the source then ends the batch)."""
+        window, self.window = self.window, None
+        rows = window.remaining()
+        backend, n, schema, table = self.backend, self.progress.n, window.schema, window.table
+        for pk, item in rows:
+            events.append(read_event(backend, n, schema, table, pk, item, position, ts))
+        self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
+                                    self.chunk_rows)
+        self._finish_if_done()
+
+    def skip_table(self, schema: str, table: str) -> None:
+        """The table was dropped since the run began: nothing of it is left to read (its
+        rows read so far stay with the consumer, as after any DROP TABLE)."""
+        self.log.warning("table dropped during the snapshot; nothing more to read",
+                         table=f"{schema}.{table}")
+        self.window = None
+        self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+        self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        if self.progress.done:
+            self.log.info("snapshot finished", n=self.progress.n, rows=self.progress.rows)
+            self.close()
