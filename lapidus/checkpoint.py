@@ -32,15 +32,7 @@ class CheckpointStore:
     def save(self, position: Any) -> None:
         """Persist ``position`` atomically and durably."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, orjson.dumps({"position": position}))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.directory)
+        write_durably(self.path, orjson.dumps({"position": position}))
 
     def clear(self) -> None:
         """Forget the position (the next start begins from the source's current end)."""
@@ -49,6 +41,19 @@ class CheckpointStore:
         except FileNotFoundError:
             return
         fsync_dir(self.directory)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: the old or the new content after any crash."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -27,6 +27,8 @@ from ..events import record_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
+from .snapshot.backfills import Backfills
+from .snapshot.requests import BackfillQueue
 from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
@@ -80,6 +82,7 @@ class WorkerLoop:
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
         self.gate = StopGate()
+        self.backfills = Backfills(BackfillQueue(state_dir), log)
         # within the supervisor's stop_timeout, so a clean stop is never a SIGKILL
         self.drain_timeout = DRAIN_SECONDS
         options = backend.options
@@ -222,7 +225,9 @@ class WorkerLoop:
             now = time.monotonic()
             if now - last_status >= STATUS_EVERY:
                 last_status = now
+                self.backfills.poll(source, self.saved)
                 stats = dict(source.status())
+                stats["backfills"] = self.backfills.status()
                 # the loop's own fields win over a source's extras of the same name
                 stats.update(events=self.events_sent, inflight=len(self.inflight),
                              position=_position_of(self.confirmed),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from lapidus.workers.postgresql.decoding import Begin, Change, Commit
+from lapidus.workers.postgresql.decoding import Begin, Change, Commit, Watermark
 from lapidus.workers.postgresql.snapshot import PgSnapshot
 from lapidus.workers.postgresql.transactions import TransactionAssembler
-from lapidus.workers.snapshot import WATERMARK_PREFIX
 from lapidus.workers.snapshot.progress import SnapshotProgress
 from lapidus.workers.snapshot.window import ChunkWindow
 
@@ -20,10 +19,9 @@ class Log:
     warning = info
 
 
-def snapshot(messages=True, chunk_rows=3):
+def snapshot(chunk_rows=3):
     progress = SnapshotProgress(0, [("public", "t")])
-    snap = PgSnapshot("b", {"snapshot_chunk_rows": chunk_rows}, None, progress, Log(),
-                      messages=messages)
+    snap = PgSnapshot("b", {"snapshot_chunk_rows": chunk_rows}, None, progress, Log())
     window = ChunkWindow("b:0:n:1", "public", "t", ["id"])
     window.hold([({"id": i}, {"id": i, "v": "old"}) for i in (1, 2, 3)], ["3"])
     snap.window = window
@@ -40,8 +38,7 @@ def run(snap, messages):
 
 def mark(kind, lsn):
     return [Begin(lsn, "9", "2026-12-01T00:00:00.000Z"),
-            Change("message", prefix=WATERMARK_PREFIX, content=f"b:0:n:1:{kind}",
-                   transactional=True),
+            Watermark(f"b:0:n:1:{kind}"),
             Commit(lsn)]
 
 
@@ -66,20 +63,23 @@ def test_changes_before_the_high_watermark_win_and_the_rest_is_read_right_there(
     assert not any(e.type == "message" for e in events)
 
 
-def test_an_earlier_windows_watermark_and_other_messages():
-    snap = snapshot(messages=False)
-    stale = [Begin(100, "9", None),
-             Change("message", prefix=WATERMARK_PREFIX, content="b:0:old:7:high",
-                    transactional=True),
-             Commit(100),
-             Begin(150, "9", None),
-             Change("message", prefix="app", content="x", transactional=True),
-             Commit(150)]
-    events, cuts = run(snap, stale)
-    assert events == [] and not any(cuts) and snap.window is not None
-    snap.messages = True
-    events, _ = run(snap, stale[3:])
+def test_an_earlier_windows_watermark_is_dropped_and_other_messages_pass():
+    snap = snapshot()
+    stream = [Begin(100, "9", None), Watermark("b:0:old:7:high"), Commit(100),
+              Begin(150, "9", None),
+              Change("message", prefix="app", content="x", transactional=True),
+              Commit(150)]
+    events, cuts = run(snap, stream)
     assert [e.type for e in events] == ["message"]
+    assert not any(cuts) and snap.window is not None
+
+
+def test_a_watermark_without_a_snapshot_is_no_event():
+    assembler = TransactionAssembler("b")
+    events = []
+    for message in mark("high", 100):
+        assembler.feed(message, events)
+    assert events == []
 
 
 def test_the_last_short_chunk_finishes_the_snapshot():

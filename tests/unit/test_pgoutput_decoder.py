@@ -14,12 +14,13 @@ import struct
 import pytest
 
 from lapidus.filters import TableFilter
-from lapidus.workers.postgresql.decoding import Begin, Change, Commit
+from lapidus.workers.postgresql.decoding import Begin, Change, Commit, Watermark
 from lapidus.workers.postgresql.pgoutput import (
     PgOutputDecoder, ProtocolError, commit_time, message_content, quote_name, split_messages)
 from lapidus.workers.postgresql.pgoutput_relations import RelationLog
 from lapidus.workers.postgresql.transactions import TransactionAssembler
 from lapidus.workers.postgresql.types import TypeMap
+from lapidus.workers.snapshot import WATERMARK_PREFIX
 
 UNCHANGED = object()      # a 'u' column: unchanged TOAST value
 
@@ -382,13 +383,20 @@ def test_message_content_utf8_newlines_and_non_utf8():
     assert message_content(b"") == ""
 
 
-def test_messages_can_be_turned_off_and_need_postgresql_14():
-    assert make_decoder().plugin_options() == [
-        "proto_version=1", "publication_names=lapidus_pub", "messages=true"]
+def test_users_messages_can_be_turned_off_but_are_asked_for_on_postgresql_14():
+    # asked for even with messages = false: a backfill's watermarks are messages
+    for decoder in (make_decoder(), make_decoder(messages=False)):
+        assert decoder.plugin_options() == [
+            "proto_version=1", "publication_names=lapidus_pub", "messages=true"]
     off = make_decoder(messages=False)
-    assert "messages=true" not in off.plugin_options()
     assert off.decode(logical_message("p", b"x", 1)) is None
     assert "messages=true" not in make_decoder(server_version=130012).plugin_options()
+
+
+def test_a_snapshot_watermark_is_never_a_message_event():
+    for decoder in (make_decoder(), make_decoder(messages=False)):
+        mark = decoder.decode(logical_message(WATERMARK_PREFIX, b"b:0:n:1:high", 7))
+        assert mark == Watermark("b:0:n:1:high")
 
 
 def test_publication_names_are_quoted_when_they_need_it():

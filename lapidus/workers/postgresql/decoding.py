@@ -60,7 +60,18 @@ class Change:
     lsn: Optional[int] = None
 
 
-Message = Any  # Begin | Change | Commit | None
+@dataclass(slots=True)
+class Watermark:
+    """A snapshot watermark: a logical message with prefix ``lapidus-snapshot``.
+
+    Never an event: the transaction assembler ignores it, a running snapshot acts on it
+    (:mod:`.snapshot`).  The decoder sets it apart even while no snapshot runs, so a
+    watermark left in the WAL by an earlier run is dropped, not streamed as a message."""
+
+    content: str
+
+
+Message = Any  # Begin | Change | Commit | Watermark | None
 
 
 class Decoder(Protocol):

@@ -27,10 +27,11 @@ from __future__ import annotations
 import binascii
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..utctime import utc_seconds_text
-from .decoding import Begin, Change, Commit
+from ..snapshot import WATERMARK_PREFIX
+from .decoding import Begin, Change, Commit, Watermark
 from .types import (to_bool, to_float, to_int, to_numeric, to_text, to_timestamp,
                     to_timestamptz)
 
@@ -301,7 +302,10 @@ class PgOutputDecoder:
         self.table_filter = table_filter
         self.publication = publication
         # pgoutput has the messages option from PostgreSQL 14 on (with protocol version 1).
-        self.messages = messages and server_version >= 140000
+        # Asked for even with messages = false: a backfill may start at any time, and its
+        # watermarks are messages; the user's are then dropped here.
+        self.messages = server_version >= 140000
+        self.user_messages = messages
         self.relations = relations
         self.log = log
         self.warn = warn
@@ -492,7 +496,7 @@ class PgOutputDecoder:
             return None
         return changes[0] if len(changes) == 1 else changes
 
-    def _message(self, frame: bytes) -> Optional[Change]:
+    def _message(self, frame: bytes) -> Union[Change, Watermark, None]:
         if not self.messages:
             return None
         transactional = bool(frame[1] & 1)
@@ -501,6 +505,10 @@ class PgOutputDecoder:
         prefix = frame[10:p].decode()
         (size,) = _U32(frame, p + 1)
         content = message_content(frame[p + 5:p + 5 + size])
+        if prefix == WATERMARK_PREFIX:
+            return Watermark(content or "")
+        if not self.user_messages:
+            return None
         return Change("message", prefix=prefix, content=content, transactional=transactional,
                       lsn=lsn)
 

@@ -32,9 +32,9 @@ import psycopg2.extensions
 from ..base import BackendError
 from ..snapshot import WATERMARK_PREFIX
 from ..snapshot.progress import SnapshotProgress
-from ..snapshot.run import SnapshotRun
+from ..snapshot.run import SnapshotRefused, SnapshotRun
 from .catalog import connect
-from .decoding import Change
+from .decoding import Change, Watermark
 from .errors import query_error
 from .publications import _quote
 
@@ -76,34 +76,88 @@ def primary_key(conn, schema: str, table: str) -> List[Tuple[str, str]]:
 
 
 def snapshot_tables(conn, backend: str, publication: str, table_filter) -> List[Table]:
-    """The tables an initial snapshot reads, sorted; refuses tables without a primary key.
+    """The tables an initial snapshot reads, sorted; refuses tables it cannot read.
 
     FATAL rather than skipping: a snapshot that silently leaves a table out breaks the
     consumer's copy without a word, and the fix is the operator's (exclude or key it).
     """
+    tables = _published(conn, publication, table_filter)
+    problem = _unreadable(conn, publication, tables, 'snapshot = "initial"')
+    if problem:
+        raise BackendError(f'backend "{backend}": {problem}', fatal=True)
+    return tables
+
+
+def backfill_table(conn, backend: str, publication: str, table_filter, name: str,
+                   where: Optional[str]) -> Table:
+    """The table a backfill of ``name`` (``table`` or ``schema.table``) reads; refuses
+    (:class:`SnapshotRefused`) one that is not streamed, keyless, or a ``where`` the server
+    rejects."""
+    streamed = _published(conn, publication, table_filter)
+    schema, _, table = name.rpartition(".")
+    matches = [t for t in streamed if t[1] == table and (not schema or t[0] == schema)]
+    if len(matches) > 1:
+        raise SnapshotRefused(
+            f'backend "{backend}": backfill of "{name}": more than one streamed table has that '
+            f"name ({', '.join('.'.join(t) for t in matches)}); give it as schema.table")
+    if not matches:
+        with conn.cursor() as cur:
+            cur.execute(_PUBLISHED, (publication,))
+            published = [tuple(t) for t in cur.fetchall()]
+        known = [t for t in published if t[1] == table and (not schema or t[0] == schema)]
+        reason = (f"it is left out by include_tables / exclude_tables" if known else
+                  f'publication "{publication}" has no such table')
+        hint = ", ".join(".".join(t) for t in streamed[:10]) or "none"
+        raise SnapshotRefused(
+            f'backend "{backend}": backfill of "{name}": not a table this backend streams '
+            f"({reason}); streamed tables: {hint}")
+    problem = _unreadable(conn, publication, matches, "a backfill")
+    if problem:
+        raise SnapshotRefused(f'backend "{backend}": {problem}')
+    if where:
+        try:
+            with conn.cursor() as cur:
+                cur.execute("BEGIN READ ONLY")
+                try:
+                    cur.execute(f"SELECT 1 FROM {qualified(*matches[0])} WHERE ({where}) "
+                                f"LIMIT 0")
+                finally:
+                    cur.execute("ROLLBACK")
+        except psycopg2.Error as exc:
+            message = (exc.pgerror or str(exc)).strip().splitlines()[0]
+            raise SnapshotRefused(
+                f'backend "{backend}": backfill of "{name}": the --where condition is not '
+                f"valid SQL for {'.'.join(matches[0])}: {message}; fix the condition "
+                f"(it is ANDed to the chunk's WHERE, as in SELECT * FROM t WHERE (...))"
+            ) from None
+    return matches[0]
+
+
+def _published(conn, publication: str, table_filter) -> List[Table]:
+    """The publication's tables that pass include/exclude, sorted."""
     with conn.cursor() as cur:
         cur.execute(_PUBLISHED, (publication,))
-        tables = [(s, t) for s, t in cur.fetchall() if table_filter.allows(s, t)]
+        return [(s, t) for s, t in cur.fetchall() if table_filter.allows(s, t)]
+
+
+def _unreadable(conn, publication: str, tables: List[Table], what: str) -> Optional[str]:
+    """Why ``what`` cannot read some of ``tables`` (the problem and its fix), or None."""
     if conn.server_version >= 150000:
         with conn.cursor() as cur:
             cur.execute(_FILTERED_IN_PUBLICATION, (publication,))
             filtered = [f"{s}.{t}" for s, t in cur.fetchall() if (s, t) in set(tables)]
         if filtered:
             # SELECT * would hand out rows or columns the stream leaves out
-            raise BackendError(
-                f'backend "{backend}": snapshot = "initial" cannot read {", ".join(filtered)}: '
-                f'publication "{publication}" streams only some of its rows or columns (a '
-                f"row filter or column list), which the snapshot does not apply yet; leave "
-                f"the table out with exclude_tables, or publish it whole", fatal=True)
+            return (f"{what} cannot read {', '.join(filtered)}: publication "
+                    f'"{publication}" streams only some of its rows or columns (a row filter '
+                    f"or column list), which snapshots do not apply yet; leave the table out "
+                    f"with exclude_tables, or publish it whole")
     keyless = [f"{s}.{t}" for s, t in tables if not primary_key(conn, s, t)]
     if keyless:
-        names = ", ".join(keyless)
-        raise BackendError(
-            f'backend "{backend}": snapshot = "initial" cannot read {names}: no primary key '
-            f"(the snapshot reads tables in primary-key chunks); give it a primary key, or "
-            f"leave it out with exclude_tables = {[*keyless]!r}".replace("'", '"'),
-            fatal=True)
-    return tables
+        return (f"{what} cannot read {', '.join(keyless)}: no primary key (snapshots read "
+                f"tables in primary-key chunks); give it a primary key, or leave it out with "
+                f"exclude_tables = {[*keyless]!r}".replace("'", '"'))
+    return None
 
 
 def _exists(conn, schema: str, table: str) -> bool:
@@ -135,10 +189,9 @@ class PgSnapshot(SnapshotRun):
     """One snapshot run of one PostgreSQL backend: the database half (see the module)."""
 
     def __init__(self, backend: str, options: dict, catalog, progress: SnapshotProgress,
-                 log, messages: bool):
+                 log):
         super().__init__(backend, options, progress, log)
         self.catalog = catalog          # the source's metadata connection (type look-ups)
-        self.messages = messages        # the user's own messages become events
         self.timeout_ms = int(self.timeout_seconds * 1000)
         self.conn = None
         self.shapes: Dict[Table, _TableShape] = {}
@@ -213,12 +266,17 @@ class PgSnapshot(SnapshotRun):
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
                             (WATERMARK_PREFIX, f"{mark}:low"))
+                if self.progress.where:
+                    # the operator's condition runs where it cannot write
+                    cur.execute("BEGIN READ ONLY")
                 cur.execute(sql, args)
                 raw = cur.fetchall()
+                if self.progress.where:
+                    cur.execute("COMMIT")
                 cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
                             (WATERMARK_PREFIX, f"{mark}:high"))
         except psycopg2.errors.UndefinedTable:
-            self.window = None
+            self.close()            # a read-only transaction may be left aborted
             self._skip_dropped(schema, table)
             return
         except psycopg2.errors.QueryCanceled:
@@ -277,15 +335,11 @@ class PgSnapshot(SnapshotRun):
         Returns True when the batch must end here (a chunk's rows were just appended: the
         checkpoint after them is the one that carries the new progress).
         """
-        if message.__class__ is Change:
-            if message.type == "message":
-                if message.prefix == WATERMARK_PREFIX:
-                    return self._watermark(message.content or "", events, assembler)
-                if not self.messages:
-                    return False    # decoded only for the watermarks (messages = false)
-            elif self.window is not None:
-                self.saw(message.schema, message.table, message.type, message.pk,
-                         message.before)
+        kind = message.__class__
+        if kind is Watermark:
+            return self._watermark(message.content, events, assembler)
+        if kind is Change and self.window is not None and message.type != "message":
+            self.saw(message.schema, message.table, message.type, message.pk, message.before)
         feed(message, events)
         return False
 

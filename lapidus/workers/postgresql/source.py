@@ -24,6 +24,7 @@ from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from ..scopewatch import ScopeWatch
 from ..snapshot.progress import SnapshotProgress
+from ..snapshot.run import SnapshotRefused
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
                      retained_wal, slot_info)
@@ -33,7 +34,7 @@ from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
                            explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
-from .snapshot import PgSnapshot, snapshot_tables
+from .snapshot import PgSnapshot, backfill_table, snapshot_tables
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 
@@ -163,12 +164,8 @@ class PostgresSource(Source):
             resume = (checkpoint["segment"], checkpoint["offset"]) if checkpoint else None
             relation_log = RelationLog(Path(self.state_dir) / RELATION_LOG, resume)
         self._prepare_snapshot(checkpoint, decoder_name, publication, table_filter)
-        decoder_options = self.options
-        if self.snapshot is not None:
-            # the watermarks are logical messages: decode them even with messages = false
-            decoder_options = dict(self.options, messages=True)
         self.decoder = make_decoder(
-            decoder_name, self.catalog, table_filter, decoder_options, publication=publication,
+            decoder_name, self.catalog, table_filter, self.options, publication=publication,
             server_version=conn.server_version, relation_log=relation_log,
             warn=self.log.warning)
 
@@ -196,51 +193,78 @@ class PostgresSource(Source):
 
     def _prepare_snapshot(self, checkpoint: Optional[dict], decoder_name: str,
                           publication: str, table_filter: TableFilter) -> None:
-        """The snapshot as of ``checkpoint``: new on a first start, resumed from its saved
-        progress, or none.  Every open starts again from the confirmed checkpoint's progress
-        (a chunk held or emitted but unconfirmed is read again, with the same ids)."""
+        """The snapshot run as of ``checkpoint``: the initial one on a first start, an
+        unfinished one (initial or backfill) resumed from its saved progress, or none.
+        Every open starts again from the confirmed checkpoint's progress (a chunk held or
+        emitted but unconfirmed is read again, with the same ids)."""
         if self.snapshot is not None:
             self.snapshot.close()
         self.snapshot = None
         self.snapshot_progress = None
-        if (self.options.get("snapshot") or "never") == "never":
-            return
+        self._snapshot_setup = (decoder_name, publication, table_filter)
         name = self.backend.name
-        if checkpoint is not None and "snapshot" not in checkpoint:
-            if not self._snapshot_ignored_logged:
-                self._snapshot_ignored_logged = True
-                self.log.info('snapshot = "initial" has no effect: this backend already has a '
-                              "checkpoint (it streamed before), and the initial snapshot "
-                              "runs only on a first start; re-reading existing rows will be "
-                              "lapidusctl backfill (not built yet)")
-            return
-        if checkpoint is None:
-            progress = None
-        else:
+        initial = (self.options.get("snapshot") or "never") != "never"
+        if checkpoint is not None and "snapshot" in checkpoint:
             progress = SnapshotProgress.from_state(checkpoint["snapshot"])
             self.snapshot_progress = progress
             if progress.done:
                 return
-        if decoder_name != "pgoutput":
-            raise BackendError(
-                f'backend "{name}": snapshot = "initial" needs the pgoutput decoder (this '
-                f"backend uses {decoder_name}); set decoder = \"pgoutput\" or "
-                f'snapshot = "never"', fatal=True)
-        if self.catalog.conn.server_version < 140000:
-            raise BackendError(
-                f'backend "{name}": snapshot = "initial" needs PostgreSQL 14 or later '
-                f"(pgoutput sends logical messages, the snapshot's watermarks, from 14 on); "
-                f'upgrade the server or set snapshot = "never"', fatal=True)
-        if progress is None:
+            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
+                          last_key=progress.last_key, rows=progress.rows)
+        elif checkpoint is None and initial:
+            self._check_snapshots_possible('snapshot = "initial"', fatal=True)
             progress = SnapshotProgress(0, snapshot_tables(self.catalog.conn, name,
                                                            publication, table_filter))
             self.log.info("snapshot started", tables=len(progress.tables))
         else:
-            self.log.info("snapshot resumed", table=".".join(progress.table),
-                          last_key=progress.last_key, rows=progress.rows)
+            if initial and not self._snapshot_ignored_logged:
+                self._snapshot_ignored_logged = True
+                self.log.info('snapshot = "initial" has no effect: this backend already has a '
+                              "checkpoint (it streamed before), and the initial snapshot "
+                              "runs only on a first start; re-read a table's rows with "
+                              "lapidusctl backfill")
+            return
+        self._check_snapshots_possible("this snapshot", fatal=True)
+        self._begin_run(progress)
+
+    def _check_snapshots_possible(self, what: str, *, fatal: bool) -> None:
+        """Snapshots need pgoutput on PostgreSQL 14+ (logical messages are the watermarks)."""
+        decoder_name = self._snapshot_setup[0]
+        problem = None
+        if decoder_name != "pgoutput":
+            problem = (f'{what} needs the pgoutput decoder (this backend uses {decoder_name}); '
+                       f'set decoder = "pgoutput"')
+        elif self.catalog.conn.server_version < 140000:
+            problem = (f"{what} needs PostgreSQL 14 or later (pgoutput sends logical "
+                       f"messages, the snapshot's watermarks, from 14 on); upgrade the server")
+        if problem is None:
+            return
+        message = f'backend "{self.backend.name}": {problem}'
+        if fatal:
+            raise BackendError(message + ' or set snapshot = "never"', fatal=True)
+        raise SnapshotRefused(message)
+
+    def _begin_run(self, progress: SnapshotProgress) -> None:
         self.snapshot_progress = progress
-        self.snapshot = PgSnapshot(name, self.options, self.catalog, progress, self.log,
-                                   messages=bool(self.options.get("messages", True)))
+        self.snapshot = PgSnapshot(self.backend.name, self.options, self.catalog, progress,
+                                   self.log)
+
+    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+        self._check_snapshots_possible("a backfill", fatal=False)
+        _decoder, publication, table_filter = self._snapshot_setup
+        try:
+            schema, name = backfill_table(self.catalog.conn, self.backend.name, publication,
+                                          table_filter, table, where)
+        except psycopg2.Error as exc:
+            raise query_error(exc, self.options, self.backend.name,
+                              f"checking the table of a backfill ({table})") from None
+        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
+        return f"{schema}.{name}"
+
+    def cancel_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.cancel()
+        self.snapshot = None
 
     def suspend(self) -> None:
         """Before a reconnect: let go of the server but keep a temporary slot (it still
@@ -322,6 +346,8 @@ class PostgresSource(Source):
         deadline = time.monotonic() + timeout
         events: List = []
         snapshot = self.snapshot
+        if snapshot is not None and snapshot.progress.done:
+            self.snapshot = snapshot = None     # finished: back to the fast path
         if snapshot is not None and snapshot.wants_chunk():
             # Only here, when the worker asks for more: sinks that are behind (backpressure)
             # hold the next chunk back, and a held chunk is never joined by another.
