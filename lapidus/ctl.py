@@ -13,7 +13,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import exitcodes
+from . import ctl_backfill, exitcodes
 from .control import ControlUnavailable, request
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = (
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--json", action="store_true", help="one JSON object per line")
     dead.add_argument("--resend", action="store_true",
                       help="send them again through the running lapidus (same ids)")
+    ctl_backfill.add_parser(sub)
     slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
     slots.add_argument("--json", action="store_true", help="machine-readable output")
     drop = sub.add_parser("drop-slot", help="drop an abandoned replication slot")
@@ -178,9 +179,13 @@ def format_status(status: dict) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     # below the table: a running snapshot's progress has no column of its own
-    lines.extend(f"{b['name']}: {snapshot_text(b['snapshot'])}"
-                 for b in status.get("backends", [])
-                 if (b.get("snapshot") or {}).get("state") == "running")
+    for b in status.get("backends", []):
+        if (b.get("snapshot") or {}).get("state") == "running":
+            lines.append(f"{b['name']}: {snapshot_text(b['snapshot'])}")
+        queued = (b.get("backfills") or {}).get("queued")
+        if queued:
+            lines.append(f"{b['name']}: backfills queued: " +
+                         ", ".join(f"{r['n']} {r['table']}" for r in queued))
     return "\n".join(lines)
 
 
@@ -188,7 +193,9 @@ def snapshot_text(snapshot: dict) -> str:
     """``snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, table 1 of 2``."""
     done, estimate = snapshot.get("table_rows", 0), snapshot.get("table_rows_estimated")
     of = f"/~{estimate} rows ({min(100, done * 100 // estimate)}%)" if estimate else " rows"
-    return (f"snapshot {snapshot.get('table')} {done}{of}, "
+    what = "snapshot" if not snapshot.get("n") else f"backfill {snapshot['n']}"
+    where = f" where {snapshot['where']}" if snapshot.get("where") else ""
+    return (f"{what} {snapshot.get('table')}{where} {done}{of}, "
             f"{snapshot.get('rows_per_second', 0):.0f} rows/s, "
             f"table {snapshot.get('tables_done', 0) + 1} of {snapshot.get('tables')}")
 
@@ -265,6 +272,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return slots_command(args)
     if args.command == "dead-letters":
         return dead_letters_command(args)
+    if args.command == "backfill":
+        return ctl_backfill.backfill_command(args, socket_path)
     message = {"command": args.command}
     if args.command != "status":
         message["backend"] = getattr(args, "backend", None)
