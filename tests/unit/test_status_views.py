@@ -64,3 +64,20 @@ def test_snapshot_metrics_while_running_and_once_done():
     assert 'lapidus_snapshot_running{backend="shop"} 0' in body
     assert 'lapidus_snapshot_table_rows{' not in body
     assert "lapidus_snapshot_running{" not in metrics.render(status_with({}))
+
+
+def test_a_running_backfill_and_the_queue_show_below_the_table_and_in_metrics():
+    status = status_with({})
+    status["backends"][0]["snapshot"] = {
+        "n": 3, "state": "running", "table": "public.t", "where": "id < 10", "tables_done": 0,
+        "tables": 1, "table_rows": 5, "table_rows_estimated": None, "rows": 5,
+        "rows_per_second": 2.0}
+    status["backends"][0]["backfills"] = {
+        "queued": [{"n": 4, "table": "other", "where": None, "requested_at": ""}],
+        "refused": []}
+    lines = format_status(status).splitlines()
+    assert lines[2] == "shop: backfill 3 public.t where id < 10 5 rows, 2 rows/s, table 1 of 1"
+    assert lines[3] == "shop: backfills queued: 4 other"
+    body = metrics.render(status)
+    assert 'lapidus_snapshot_number{backend="shop"} 3' in body
+    assert 'lapidus_backfills_queued{backend="shop"} 1' in body
