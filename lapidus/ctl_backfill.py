@@ -8,7 +8,8 @@ condition and runs it.  So this command follows the backend's status (``snapshot
 showing rows, rate and ETA (a bar on a terminal, one line a second otherwise).
 
 Exit codes: 0 queued/started (done with ``--wait``), 1 cancelled while waited for,
-2 usage, unknown backend or a table/condition the worker refused, 3 no Lapidus answers.
+2 usage, unknown backend or a table/condition the worker refused, 3 no Lapidus answers,
+130 Ctrl-C while following (the backfill goes on).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def backfill_command(args, socket_path) -> int:
     except KeyboardInterrupt:
         print(f"\nlapidusctl: stopped following; the backfill goes on ('lapidusctl backfill "
               f"{args.backend} --cancel' cancels it)", file=sys.stderr)
-        return 130
+        return exitcodes.INTERRUPTED
 
 
 def verdict(row: dict, n: int) -> Tuple[str, Optional[dict]]:
