@@ -13,7 +13,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import ctl_backfill, exitcodes
+from . import ctl_backfill, ctl_ddl, exitcodes
 from .control import ControlUnavailable, request
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = (
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--resend", action="store_true",
                       help="send them again through the running lapidus (same ids)")
     ctl_backfill.add_parser(sub)
+    ctl_ddl.add_parser(sub)
     slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
     slots.add_argument("--json", action="store_true", help="machine-readable output")
     drop = sub.add_parser("drop-slot", help="drop an abandoned replication slot")
@@ -272,6 +273,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return slots_command(args)
     if args.command == "dead-letters":
         return dead_letters_command(args)
+    if args.command == "install-ddl-capture":
+        return ctl_ddl.install_ddl_capture_command(args)
     if args.command == "backfill":
         return ctl_backfill.backfill_command(args, socket_path)
     message = {"command": args.command}
