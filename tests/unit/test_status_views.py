@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lapidus.ctl import format_status, sinks_text
+from lapidus.ctl import format_status, select_backends, sinks_text, summary_line
 from lapidus.supervisor import metrics
 
 
@@ -14,8 +14,8 @@ def status_with(sinks: dict) -> dict:
 def test_status_table_shows_each_sink_up_or_down_with_for_how_long():
     table = format_status(status_with({"nats": {"connected": False, "down_seconds": 12.4},
                                        "exec": {"connected": True}}))
-    header, row = table.splitlines()
-    assert "sinks" in header.split()
+    header, row, summary = table.splitlines()
+    assert "sinks" in header.split() and summary == "1 backend: 1 RUNNING"
     assert "nats down 12s, exec up" in row
     assert sinks_text({}) == sinks_text(None) == "-"         # stdout only: nothing to show
     assert sinks_text({"nats": {"error": "health() failed"}}) == "nats ?"
@@ -45,7 +45,7 @@ def test_a_running_snapshot_shows_below_the_table():
     assert lines[2] == ("shop: snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, "
                         "table 1 of 2")
     status["backends"][0]["snapshot"] = {"n": 0, "state": "done", "rows": 5}
-    assert len(format_status(status).splitlines()) == 2
+    assert len(format_status(status).splitlines()) == 3     # header, row, summary
 
 
 def test_snapshot_metrics_while_running_and_once_done():
@@ -81,3 +81,17 @@ def test_a_running_backfill_and_the_queue_show_below_the_table_and_in_metrics():
     body = metrics.render(status)
     assert 'lapidus_snapshot_number{backend="shop"} 3' in body
     assert 'lapidus_backfills_queued{backend="shop"} 1' in body
+
+
+def test_many_backends_a_summary_and_filters_by_name_and_state():
+    rows = [{"name": f"shop_{i}", "state": "RUNNING"} for i in range(97)] + [
+        {"name": "crm_a", "state": "WAITING"}, {"name": "crm_b", "state": "WAITING"},
+        {"name": "erp", "state": "FATAL"}]
+    assert summary_line(rows) == "100 backends: 97 RUNNING, 2 WAITING, 1 FATAL"
+    assert [r["name"] for r in select_backends(rows, ["crm_*", "erp"], None)] == [
+        "crm_a", "crm_b", "erp"]
+    assert [r["name"] for r in select_backends(rows, None, ["FATAL", "WAITING"])] == [
+        "crm_a", "crm_b", "erp"]
+    assert [r["name"] for r in select_backends(rows, ["crm_*"], ["FATAL"])] == []
+    shown = select_backends(rows, None, ["WAITING"])
+    assert summary_line(shown, total=100) == "2 of 100 backends shown: 2 WAITING"
