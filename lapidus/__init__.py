@@ -8,7 +8,7 @@ Public API (see docs/python-api.md):
 * :class:`Lapidus` - run the whole supervisor (workers, dispatcher, sinks) from code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .events import Event, encode  # noqa: E402
 
