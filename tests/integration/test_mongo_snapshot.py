@@ -355,3 +355,15 @@ def test_a_second_backfill_while_one_runs_is_refused(mongo, sources, tmp_path):
     source.start_backfill(1, "docs", None)
     with pytest.raises(SnapshotRefused, match="snapshot run 1 is still in progress"):
         source.start_backfill(2, "docs", None)
+
+
+def test_switched_on_after_the_first_start_it_does_nothing(mongo, sources, tmp_path):
+    fill(mongo, 10)
+    first = Pump(sources(options_for(mongo)), tmp_path / "state").open()
+    first.step()                                  # a checkpoint without a snapshot
+    first.source.close()
+    source = sources(options_for(mongo, snapshot="initial"))
+    pump = Pump(source, tmp_path / "state").open()
+    assert source.snapshot_progress is None and "snapshot" not in source.status()
+    mongo.db.docs.insert_one({"_id": 11})
+    assert [e.type for e in pump.until(lambda d: d, "the insert")] == ["insert"]

@@ -128,7 +128,13 @@ class MongoSnapshot(SnapshotRun):
         self.client = client            # the source's client (same codec options as the stream)
         self.watermarks = watermarks
         self.timeout_ms = max(1, int(self.timeout_seconds * 1000))
-        self.where = parse_filter(progress.where)
+        try:
+            self.where = parse_filter(progress.where)
+        except ValueError as exc:     # checked when the backfill began: a hand-edited file
+            raise BackendError(
+                f'backend "{backend}": the saved backfill filter {progress.where!r} does not '
+                f"parse ({exc}); fix or delete the \"snapshot\" key of the checkpoint",
+                fatal=True) from None
 
     # -- the database side ----------------------------------------------------------------
 

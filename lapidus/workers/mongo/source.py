@@ -403,6 +403,9 @@ class MongoSource(Source):
             raise errors.history_lost(self.settings, lost.position, reason)
         self.log.error("mongo change stream history lost; restarting from now",
                        lost_after=lost.position, reason=reason)
+        if self.snapshot is not None:
+            # the held chunk's watermark may be among what is skipped: read the chunk again
+            self.snapshot.window = None
         stream = self._open_stream(None)
         checkpoint = self._point.to_checkpoint()
         position = self._point.position
