@@ -23,6 +23,7 @@ import pymongo
 import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 
+from lapidus.workers.base import BackendError
 from lapidus.workers.mongo.bson_json import document_to_json
 from lapidus.workers.snapshot.run import SnapshotRefused
 from tests.conftest import wait_until
@@ -367,3 +368,14 @@ def test_switched_on_after_the_first_start_it_does_nothing(mongo, sources, tmp_p
     assert source.snapshot_progress is None and "snapshot" not in source.status()
     mongo.db.docs.insert_one({"_id": 11})
     assert [e.type for e in pump.until(lambda d: d, "the insert")] == ["insert"]
+
+
+def test_a_chunk_past_its_timeout_fails_the_backend_clearly(mongo, sources):
+    fill(mongo, 5000)                 # scanning them takes far longer than 1 ms
+    source = sources(options_for(mongo, snapshot="initial", snapshot_chunk_timeout=0.001))
+    source.open(None)
+    with pytest.raises(BackendError) as failed:
+        source.read(100, 0.2)
+    message = str(failed.value)
+    assert failed.value.fatal and f"{mongo.database}.docs" in message
+    assert "snapshot_chunk_timeout (0.001 s)" in message and "snapshot_chunk_rows" in message
