@@ -128,7 +128,7 @@ def test_initial_snapshot_under_a_concurrent_writer_folds_to_the_collection(
     writer.start()
     try:
         proc = lapidus_factory({
-            "backends": [backend(mongo, snapshot_chunk_rows=4000, exclude_tables=["skipped"])],
+            "backends": [backend(mongo, snapshot_chunk_rows=5000, exclude_tables=["skipped"])],
             "plugins": {"stdout": {}}})
         until(proc, lambda: snapshot_state(proc).get("state") == "done", 90,
               "the snapshot to finish")
