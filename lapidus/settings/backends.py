@@ -45,10 +45,13 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("snapshot", Choice("never", "initial"), "`initial`: on the backend's first start "
             "(no checkpoint yet) read every included table and stream its rows as `read` "
             "events, then go on streaming; resumed after a restart, never repeated. Built for "
-            "PostgreSQL (pgoutput) only so far; docs/snapshots.md.", "never"),
+            "PostgreSQL (pgoutput) and MongoDB (collections in `_id` chunks) so far; "
+            "docs/snapshots.md.", "never"),
     Setting("snapshot_chunk_rows", Int(1), "Rows read per snapshot chunk (keyset on the "
-            "primary key); the worker holds at most one chunk in memory.", 5000),
-    Setting("snapshot_chunk_timeout", Seconds(), "Statement timeout of one chunk's SELECT, "
+            "primary key; `_id` on MongoDB); the worker holds at most one chunk in memory.",
+            5000),
+    Setting("snapshot_chunk_timeout", Seconds(), "Statement timeout of one chunk's SELECT "
+            "(`maxTimeMS` of its `find` on MongoDB), "
             "so a chunk never holds locks or a transaction long; a chunk that needs longer "
             "fails the backend (make `snapshot_chunk_rows` smaller).", 30.0),
 )
@@ -184,6 +187,12 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("history_lost", Choice("fail", "restart_from_now"), "When the resume token is "
             "no longer in the oplog: stop with an error, or restart from now (skipping "
             "changes, loudly).", "fail", types=MONGO),
+    Setting("snapshot_watermarks", Str(), "Collection (`collection` in `database`, or "
+            "`database.collection`, inside what the backend watches) where snapshots and "
+            "backfills write their chunk watermarks (one document per backend; needs insert "
+            "and update on it); its changes are never events. docs/snapshots.md.",
+            Derived("`lapidus_watermarks` in `database`; `lapidus.lapidus_watermarks` for "
+                    "the whole deployment", lambda v, c: None), types=MONGO),
 )
 
 

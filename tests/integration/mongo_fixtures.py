@@ -37,6 +37,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -151,6 +152,46 @@ def mongo(tmp_path):
         client.close()
         if server is not None:
             stop_secantus(server)
+
+
+@pytest.fixture
+def mongo_process(request, tmp_path):
+    """Like ``mongo``, but SecantusDB runs in a process of its own: for tests whose own
+    threads (a busy writer, polling) would otherwise share the server's interpreter lock and
+    slow it down many times over.  With ``LAPIDUS_TEST_MONGO_URI``: the ``mongo`` fixture."""
+    if os.environ.get(URI_ENV):
+        yield request.getfixturevalue("mongo")
+        return
+    port = free_port()
+    config = tmp_path / "secantusd.toml"
+    config.write_text("")                     # no auto-discovered configuration file
+    log = open(tmp_path / "secantus.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "secantus", "--config", str(config), "--host", "127.0.0.1",
+         "--port", str(port), "--storage-path", str(tmp_path / "secantus"),
+         "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT)
+    uri = f"mongodb://127.0.0.1:{port}/"
+    client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=500)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.admin.command("ping")
+                break
+            except pymongo.errors.PyMongoError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    output = (tmp_path / "secantus.log").read_text()[-2000:]
+                    pytest.fail(f"SecantusDB did not start: {output}")
+        yield MongoTarget(uri, "127.0.0.1", port, "shop", client, proc)
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture
@@ -281,5 +322,5 @@ def make_tls_files(directory: Path) -> Dict[str, str]:
     return {"ca": str(ca), "cert": str(cert), "key": str(key)}
 
 
-__all__ = ["mongo", "secantus_factory", "sources", "MongoTarget", "Pump", "options_for",
+__all__ = ["mongo", "mongo_process", "secantus_factory", "sources", "MongoTarget", "Pump", "options_for",
            "stable", "free_port", "make_tls_files", "SECANTUS_LACKS", "URI_ENV"]

@@ -14,9 +14,8 @@ import random
 import signal
 import threading
 
-import pytest
-
 from tests.conftest import wait_until
+from tests.integration import snapshot_checks
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.nats_fixtures import create_stream, private_nats, stream_count
 
@@ -25,17 +24,7 @@ __all__ = ["private_nats"]   # fixture, imported for pytest
 
 def fold(events, table="t"):
     """The consumer's copy of ``public.<table>``: id -> item."""
-    copy = {}
-    for e in events:
-        if e["table"] != table:
-            continue
-        if e["type"] in ("read", "insert", "update"):
-            copy[e["pk"]["id"]] = e["item"]
-        elif e["type"] == "delete":
-            copy.pop(e["pk"]["id"], None)
-        elif e["type"] == "truncate":
-            copy.clear()
-    return copy
+    return snapshot_checks.fold(events, table, lambda pk: pk["id"])
 
 
 def table_content(db, table="t"):
@@ -89,17 +78,11 @@ def make_table(db, rows: int):
 
 
 def until(proc, predicate, timeout, what):
-    """wait_until, failing with the Lapidus log as it is at the failure."""
-    try:
-        return wait_until(predicate, timeout, message=what)
-    except pytest.fail.Exception:
-        pytest.fail(f"timed out after {timeout}s waiting for {what}; status: "
-                    f"{backend_status(proc.config_path, 'pg')}\nlog:\n{proc.log()[-4000:]}")
+    return snapshot_checks.until(proc, predicate, timeout, what, "pg")
 
 
 def snapshot_state(proc):
-    row = backend_status(proc.config_path, "pg")
-    return (row.get("snapshot") or {}) if row else {}
+    return snapshot_checks.snapshot_state(proc, "pg")
 
 
 def wait_sentinel(proc, db, timeout=60):

@@ -625,6 +625,7 @@ def test_mongo_defaults_with_and_without_uri():
         "tls_ca_file": None, "tls_certificate_key_file": None,
         "tls_allow_invalid_certificates": None, "full_document": "updateLookup",
         "full_document_before_change": "off", "history_lost": "fail",
+        "snapshot_watermarks": None,
     }
     assert with_uri.options["uri"] == "mongodb://h/"
     assert with_uri.options["host"] is None and with_uri.options["port"] is None
@@ -925,7 +926,8 @@ def test_spec_settings_are_declared():
     assert names["mongo"] - common == {
         "uri", "host", "port", "user", "password", "database", "replica_set", "auth_source",
         "tls", "tls_ca_file", "tls_certificate_key_file", "tls_allow_invalid_certificates",
-        "full_document", "full_document_before_change", "history_lost"}
+        "full_document", "full_document_before_change", "history_lost",
+        "snapshot_watermarks"}
 
 
 def test_documentation_is_generated_from_the_declarations():

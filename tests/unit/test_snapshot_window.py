@@ -90,14 +90,14 @@ def test_read_event_id_is_deterministic_and_names_snapshot_table_and_key():
     assert pk_text(["ü"]) == '["ü"]'
 
 
-def test_mysql_and_mongo_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
+def test_mysql_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
     from types import SimpleNamespace
 
     import pytest
 
     from lapidus.workers.base import BackendError
     from lapidus.workers.runner import make_source
-    for kind in ("mysql", "mongo"):
+    for kind in ("mysql",):
         backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
         with pytest.raises(BackendError) as caught:
             make_source(backend, tmp_path, None)

@@ -16,13 +16,15 @@ is left out of the ``$nor``).  Translated:
 
 Patterns with ``[...]`` classes, or wildcards in the database part, are left to the client.
 Only collection-level operations are filtered; ``rename`` (which may move a collection into the
-included set), ``dropDatabase``, ``invalidate`` and unknown operations always pass.
+included set), ``dropDatabase``, ``invalidate`` and unknown operations always pass, and so do
+the changes of ``always`` (the snapshot's watermark collection, docs/snapshots.md: its changes
+are the snapshot's watermarks, never events).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 # Operations whose ``ns`` names one collection and that the filter may drop server-side.
 FILTERED_OPERATIONS = ("insert", "update", "replace", "delete", "drop")
@@ -59,9 +61,11 @@ def _condition(pattern: str) -> Optional[Dict[str, Any]]:
     return {"ns.db": database, "ns.coll": {"$regex": regex}}
 
 
-def match_stage(include: Iterable[str] = (), exclude: Iterable[str] = ()
-                ) -> Optional[Dict[str, Any]]:
-    """The ``$match`` stage for these globs, or ``None`` when nothing can be pushed down."""
+def match_stage(include: Iterable[str] = (), exclude: Iterable[str] = (),
+                always: Optional[Tuple[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """The ``$match`` stage for these globs, or ``None`` when nothing can be pushed down;
+    changes of the collection ``always`` (``(database, collection)``) pass whatever the
+    globs say."""
     clauses: List[Dict[str, Any]] = []
     excluded = [c for c in map(_condition, exclude) if c is not None]
     if excluded:
@@ -74,7 +78,7 @@ def match_stage(include: Iterable[str] = (), exclude: Iterable[str] = ()
     if not clauses:
         return None
     collection_filter = clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    return {"$match": {"$or": [
-        {"operationType": {"$nin": list(FILTERED_OPERATIONS)}},
-        collection_filter,
-    ]}}
+    alternatives = [{"operationType": {"$nin": list(FILTERED_OPERATIONS)}}, collection_filter]
+    if always is not None:
+        alternatives.append({"ns.db": always[0], "ns.coll": always[1]})
+    return {"$match": {"$or": alternatives}}

@@ -25,6 +25,11 @@ what is specific to MongoDB:
 * **History lost** (the oplog no longer holds the token): ``history_lost = "fail"`` raises a
   fatal error naming the option; ``"restart_from_now"`` delivers a ``gap`` event and goes on
   from now.  Never a silent jump forward.
+* **Snapshots** (docs/snapshots.md): ``snapshot = "initial"`` on a first start, and backfills
+  (:meth:`MongoSource.start_backfill`), read collections in ``_id`` chunks between the
+  stream's changes (:mod:`.snapshot`); the run's progress is the checkpoint's ``"snapshot"``
+  key, so a restart resumes an unfinished run from its last confirmed chunk.  Changes of the
+  watermark collection are the runs' watermarks and never become events.
 """
 
 from __future__ import annotations
@@ -40,12 +45,17 @@ from ...checkpoint import CheckpointStore
 from ...events import Event
 from ...filters import TableFilter
 from ..base import BackendError, Batch, Source
+from ..snapshot.progress import SnapshotProgress
+from ..snapshot.run import SnapshotRefused
 from . import errors
 from .bson_json import format_datetime
 from .changes import ChangeMapper
 from .pipeline import match_stage
 from .position import ResumePoint, parse_checkpoint
 from .settings import MongoSettings, create_client
+from .snapshot import (DEFAULT_WATERMARK_DATABASE, DEFAULT_WATERMARKS, MongoSnapshot,
+                       backfill_target, check_filter, estimates, snapshot_collections,
+                       watermark_namespace)
 
 # getMore waits at most this long for a change when there is none; read() loops until its own
 # timeout.  Short, so a read overshoots its timeout (the worker loop uses 0.2 s) by little and
@@ -77,7 +87,15 @@ class MongoSource(Source):
             self._invalid = exc
             self.settings = MongoSettings(backend=backend.name)
         self.table_filter = TableFilter(backend.include_tables, backend.exclude_tables)
-        match = match_stage(backend.include_tables, backend.exclude_tables)
+        try:
+            self.watermarks = watermark_namespace(backend.name, self.settings.database,
+                                                  backend.options or {})
+        except BackendError as exc:
+            self._invalid = self._invalid or exc
+            self.watermarks = (DEFAULT_WATERMARK_DATABASE, DEFAULT_WATERMARKS)
+        # the watermarks pass the $match whatever the filters say (they are never events)
+        match = match_stage(backend.include_tables, backend.exclude_tables,
+                            always=self.watermarks)
         self.pipeline: List[dict] = [match] if match else []
         self._client_factory = client_factory
         self._first_start = (CheckpointStore(Path(state_dir), FIRST_START_FILE)
@@ -91,6 +109,11 @@ class MongoSource(Source):
         self._reported: Any = None                    # the last checkpoint handed out
         self._pending: List[Batch] = []               # batches to hand out before reading on
         self._last_ts: Optional[str] = None
+        # the current or last snapshot run's progress (None: none in this checkpoint's
+        # history) and, while it runs, its driver
+        self.snapshot_progress: Optional[SnapshotProgress] = None
+        self.snapshot: Optional[MongoSnapshot] = None
+        self._snapshot_ignored_logged = False
 
     # -- Source interface -------------------------------------------------------------------
 
@@ -123,6 +146,8 @@ class MongoSource(Source):
         # Without a checkpoint the first read hands out the initial token as one.
         self._reported = checkpoint
         self._open_stream(point)
+        # After the stream: the first chunk's window then opens on a stream that is running.
+        self._prepare_snapshot(checkpoint)
         if point is None and self._first_start is not None:
             self._first_start.save(self._point.to_checkpoint())
             self._first_start_pending = True
@@ -133,6 +158,12 @@ class MongoSource(Source):
         if self._pending:
             return self._pending.pop(0)
         stream = self._require_stream()
+        snapshot = self.snapshot
+        if snapshot is not None and snapshot.wants_chunk():
+            # Only here, when the worker asks for more: sinks that are behind (backpressure)
+            # hold the next chunk back, and a held chunk is never joined by another.
+            snapshot.start_chunk()
+        watermarks = self.watermarks
         deadline = time.monotonic() + timeout
         events: List[Event] = []
         seen = False            # a change (delivered or filtered) came out of ``stream``
@@ -167,6 +198,17 @@ class MongoSource(Source):
                     break
                 continue
             seen = True
+            ns = change.get("ns")
+            if ns is not None and (ns.get("db"), ns.get("coll")) == watermarks:
+                # a watermark (this run's, a stale one, another backend's): never an event
+                if snapshot is not None and snapshot.watermark(change, events):
+                    # a chunk's rows: the checkpoint after them carries the progress
+                    if self.snapshot_progress.done:
+                        self.snapshot = None
+                    break
+                continue
+            if snapshot is not None:
+                snapshot.saw_change(change)
             event = self._mapper.event(change)
             if event is not None:
                 events.append(event)
@@ -186,13 +228,91 @@ class MongoSource(Source):
             self._first_start_pending = False
 
     def status(self) -> dict:
-        return {
+        out = {
             "database": self.database or "*",
             "read_position": self._point.position if self._point else None,
             "last_change_ts": self._last_ts,
         }
+        if self.snapshot_progress is not None:
+            out["snapshot"] = self.snapshot_progress.status()
+        return out
+
+    # -- snapshots (docs/snapshots.md) ------------------------------------------------------
+
+    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+        """Backfill ``n`` of ``table`` (``collection`` or ``database.collection``), the
+        documents matching ``where`` (an Extended JSON filter document) or all; online,
+        between the stream's changes.  Returns ``database.collection``."""
+        name = self.backend.name
+        if self._client is None:
+            raise SnapshotRefused(f'backend "{name}": cannot backfill {table}: the backend is '
+                                  f"not connected; try again once it streams")
+        if self.snapshot_running():
+            raise SnapshotRefused(
+                f'backend "{name}": cannot backfill {table}: snapshot run '
+                f"{self.snapshot_progress.n} is still in progress; wait for it or cancel it "
+                f"(lapidusctl backfill --cancel)")
+        try:
+            namespace = backfill_target(self._client, self.database, table, self.table_filter,
+                                        self.watermarks, name)
+            check_filter(self._client, name, namespace, where)
+        except PyMongoError as exc:
+            raise errors.describe(self.settings, exc, f"checking the backfill of {table}") \
+                from None
+        progress = SnapshotProgress(n, [namespace], where=where or None)
+        self._start_run(progress)
+        self.log.info("backfill started", n=n, table=".".join(namespace), where=where)
+        return ".".join(namespace)
+
+    def cancel_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.cancel()
+            self.snapshot = None
+
+    def _prepare_snapshot(self, checkpoint: Optional[Any]) -> None:
+        """The run as of ``checkpoint``: the initial snapshot on a first start, an
+        unfinished run (initial or backfill) resumed from its saved progress, or none.  Every
+        open starts again from the confirmed checkpoint's progress (a chunk held or emitted
+        but unconfirmed is read again, with the same ids)."""
+        self.snapshot = None
+        self.snapshot_progress = None
+        state = checkpoint.get("snapshot") if isinstance(checkpoint, dict) else None
+        initial = (self.backend.options or {}).get("snapshot") == "initial"
+        if state is not None:
+            progress = SnapshotProgress.from_state(state)
+            self.snapshot_progress = progress
+            if progress.done:
+                return
+            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
+                          last_key=progress.last_key, rows=progress.rows)
+        elif checkpoint is None and initial:
+            try:
+                tables = snapshot_collections(self._client, self.database, self.table_filter,
+                                              self.watermarks)
+            except PyMongoError as exc:
+                raise errors.describe(self.settings, exc, "listing the collections to "
+                                      "snapshot") from None
+            progress = SnapshotProgress(0, tables)
+            self.log.info("snapshot started", tables=len(tables))
+        else:
+            if initial and not self._snapshot_ignored_logged:
+                self._snapshot_ignored_logged = True
+                self.log.info('snapshot = "initial" has no effect: this backend already has a '
+                              "checkpoint (it streamed before), and the initial snapshot runs "
+                              "only on a first start; re-read collections with a backfill")
+            return
+        self._start_run(progress)
+
+    def _start_run(self, progress: SnapshotProgress) -> None:
+        progress.estimates.update(estimates(self._client, progress.tables[progress.index:]))
+        self.snapshot_progress = progress
+        self.snapshot = MongoSnapshot(self.backend.name, dict(self.backend.options or {}),
+                                      self.settings, self._client, progress, self.log,
+                                      self.watermarks)
 
     def close(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()   # the held chunk goes; open() builds the run again
         stream, client = self._stream, self._client
         self._stream = self._client = None
         for thing in (stream, client):
@@ -283,6 +403,9 @@ class MongoSource(Source):
             raise errors.history_lost(self.settings, lost.position, reason)
         self.log.error("mongo change stream history lost; restarting from now",
                        lost_after=lost.position, reason=reason)
+        if self.snapshot is not None:
+            # the held chunk's watermark may be among what is skipped: read the chunk again
+            self.snapshot.window = None
         stream = self._open_stream(None)
         checkpoint = self._point.to_checkpoint()
         position = self._point.position
@@ -330,6 +453,8 @@ class MongoSource(Source):
 
     def _batch(self, events: List[Event]) -> Batch:
         checkpoint = self._point.to_checkpoint()
+        if self.snapshot_progress is not None:
+            checkpoint["snapshot"] = self.snapshot_progress.state()
         if events or checkpoint != self._reported:
             self._reported = checkpoint
             return Batch(events, checkpoint)

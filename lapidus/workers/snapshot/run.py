@@ -35,6 +35,9 @@ class SnapshotRefused(BackendError):
 class SnapshotRun:
     """The progress and held chunk of one run; subclasses implement :meth:`start_chunk`."""
 
+    #: what :meth:`open_window` makes (a source may key its held rows its own way)
+    window_class = ChunkWindow
+
     def __init__(self, backend: str, options: dict, progress: SnapshotProgress, log):
         self.backend = backend
         self.options = options
@@ -73,7 +76,7 @@ class SnapshotRun:
         """A new window for the next chunk; its ``watermark`` is unique to this run."""
         self.chunks += 1
         mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
-        self.window = ChunkWindow(mark, schema, table, key_names)
+        self.window = self.window_class(mark, schema, table, key_names)
         return self.window
 
     def saw(self, schema, table, kind: str, pk, before) -> None:
