@@ -39,7 +39,8 @@ DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, re
 
 def make_source(backend, state_dir: Path, log) -> Source:
     """The Source class for ``backend.type`` (imported lazily: a worker loads only its own)."""
-    if (backend.options.get("snapshot") or "never") != "never" and backend.type != "postgresql":
+    if (backend.options.get("snapshot") or "never") != "never" \
+            and backend.type not in ("postgresql", "mysql"):
         raise BackendError(
             f'backend "{backend.name}": snapshot = "{backend.options["snapshot"]}" is built '
             f"for PostgreSQL only so far, not for {backend.type} (docs/snapshots.md); set "
