@@ -148,6 +148,11 @@ def backfill_table(conn, name: str, scope: Scope, wanted: str, where: Optional[s
     problem = _unreadable(conn, matches, "a backfill")
     if problem:
         raise SnapshotRefused(f'backend "{name}": {problem}')
+    if where and where_problem(where):
+        raise SnapshotRefused(
+            f'backend "{name}": backfill of "{wanted}": the --where condition cannot be used: '
+            f"{where_problem(where)} (it is ANDed to the chunk's WHERE in parentheses); "
+            f"give one SQL condition")
     if where:
         cur = conn.cursor()
         try:
@@ -168,6 +173,36 @@ def backfill_table(conn, name: str, scope: Scope, wanted: str, where: Optional[s
         finally:
             cur.close()
     return matches[0]
+
+
+def where_problem(where: str) -> Optional[str]:
+    """Why ``where`` could leave the parentheses it is put in (a ``)`` too many, a comment
+    that would cut the chunk's ORDER BY and LIMIT, a second statement), or None.  A lexical
+    check outside quotes and backticks; the server checks the rest."""
+    depth, i, quote_char = 0, 0, None
+    while i < len(where):
+        ch = where[i]
+        if quote_char:
+            if ch == "\\":
+                i += 1
+            elif ch == quote_char:
+                quote_char = None
+        elif ch in "'\"`":
+            quote_char = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return "it closes a parenthesis it did not open"
+        elif ch == "#" or where.startswith("--", i) or where.startswith("/*", i):
+            return "it has a comment"
+        elif ch == ";":
+            return "it has a ';'"
+        i += 1
+    if quote_char:
+        return "a quote is not closed"
+    return "a parenthesis is not closed" if depth else None
 
 
 def binlog_order(file: str, pos: int) -> Tuple[str, int, int]:
