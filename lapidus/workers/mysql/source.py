@@ -31,7 +31,9 @@ from .checks import check_server
 from .connection import (
     ER_MASTER_FATAL_READING_BINLOG, Idle, LinkDead, connect, describe_error, server_id_clash,
 )
-from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
+from .position import (
+    MARIADB, MYSQL, Checkpoint, CheckpointError, MariadbGtidState, missing_after,
+)
 from .reader import BinlogReader, StreamEnded
 from .retention import binlog_files, expire_seconds, retention_warning, server_position
 from .scope import (SCOPE_SCHEMAS, SCOPE_TABLES, scope_from, scope_warnings,
@@ -101,6 +103,8 @@ class MysqlSource(Source):
         self._scope_checked = False
         self.scope_watch = ScopeWatch(log)
         self._first_position: Any = None   # the checkpoint of the very first open
+        self._opened_at: Tuple[Optional[str], Optional[int]] = (None, None)
+        self._settled = False
         # the snapshot's progress (None: no snapshot in this checkpoint's history) and, while
         # it runs, its driver (docs/snapshots.md)
         self.snapshot_progress: Optional[SnapshotProgress] = None
@@ -155,6 +159,10 @@ class MysqlSource(Source):
                                     log_pos=None if gtid is not None else pos,
                                     scope=self.scope)
         self._await_first_answer()
+        # After a GTID start the reader's coordinates lag (the server skips the events
+        # before the GTID without sending them) until an event or heartbeat comes
+        self._opened_at = (self._reader.log_file, self._reader.log_pos)
+        self._settled = False
         self._prepare_snapshot(checkpoint)
         if self._first_position is None:
             self._first_position = self._changes.checkpoint().to_json()
@@ -350,6 +358,29 @@ class MysqlSource(Source):
             state["snapshot"] = self.snapshot_progress.state()
         return state
 
+    def _settle_reader_position(self) -> None:
+        """Once per open, before the first chunk: make the reader's coordinates exact.
+
+        After a GTID start MariaDB skips the binlog up to that GTID without sending it, so
+        the reader's offset stays behind until an event or heartbeat arrives, and a chunk of
+        an idle binlog would wait for it.  When the GTID position of the binlog's end is the
+        stream's own state, no transaction lies between: the reader stands at that end."""
+        self._settled = True
+        reader = self._reader
+        if self._flavor != MARIADB or (reader.log_file, reader.log_pos) != self._opened_at:
+            return
+        file, pos = self._master_status()
+        state = self._changes.gtid_state()
+        if file is None or state is None:
+            return
+        at = self._query("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
+        if not at or at[0][0] is None:
+            return
+        seqs = {d: seq for d, (_server, seq) in MariadbGtidState(str(at[0][0])).domains().items()}
+        if seqs == {d: seq for d, (_server, seq) in state.domains().items()}:
+            reader.log_file, reader.log_pos = file, pos
+            self._opened_at = (None, None)      # exact from here on
+
     def _snapshot_due(self, events: list) -> bool:
         """At the held chunk's P with nothing pending: its rows go out now (True: the batch
         ends here, its checkpoint carries the progress)."""
@@ -358,6 +389,9 @@ class MysqlSource(Source):
             return False
         reader = self._reader
         if not snapshot.reached(reader.log_file, reader.log_pos):
+            if (reader.log_file, reader.log_pos) == self._opened_at:
+                # coordinates not exact yet: the GTID position of P decides
+                return self._snapshot_idle(events)
             return False
         snapshot.emit(events, self._changes.position)
         return True
@@ -421,6 +455,8 @@ class MysqlSource(Source):
         """:meth:`read` while a snapshot runs: the slower path with evictions and the
         hand-off at the held chunk's binlog position."""
         changes, reader = self._changes, self._reader
+        if not self._settled:
+            self._settle_reader_position()
         if snapshot.wants_chunk():
             # Only here, when the worker asks for more: sinks that are behind (backpressure)
             # hold the next chunk back, and a held chunk is never joined by another.
