@@ -166,6 +166,12 @@ def test_a_table_without_a_primary_key_is_refused_by_name(sql, lapidus_factory):
 # ------------------------------------------------------------------ values
 
 
+# the types of the type test that a chunk reads aggregated as JSON by the server
+PLAIN = ("id t_tiny t_tiny_u t_small_u t_medium t_int_u t_big t_big_u t_dec t_dec2 t_date "
+         "t_time t_time0 t_datetime t_datetime0 t_ts t_year t_char t_varchar t_text t_enum "
+         "t_set t_json").split()
+
+
 def test_read_rows_carry_every_type_exactly_as_an_insert_does(sql, open_source):
     from tests.integration.test_mysql_types import (MAX_ROW, MIN_ROW, NULL_ROW, TABLE,
                                                     ZERO_ROW, as_json)
@@ -173,21 +179,49 @@ def test_read_rows_carry_every_type_exactly_as_an_insert_does(sql, open_source):
     streaming = open_source(name="binlog")
     for statement in (MIN_ROW, MAX_ROW, NULL_ROW, ZERO_ROW):
         sql.run(statement)
-    inserts, _ = read_until(streaming, lambda ev: len(ev) >= 4)
+    # every type read row by row (types), the JSON-aggregated path (plain: no float, bytes)
+    others = [c for (c,) in sql.rows("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
+                                     "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'types'")
+              if c not in PLAIN]
+    sql.run("CREATE TABLE plain LIKE types",      # LIKE: keeps t_json's json_valid check
+            "ALTER TABLE plain " + ", ".join(f"DROP COLUMN {c}" for c in others),
+            f"INSERT INTO plain SELECT {', '.join(PLAIN)} FROM types")
+    inserts = [e for e in read_until(streaming, lambda ev: sum(
+        e.type == "insert" for e in ev) >= 8)[0] if e.type == "insert"]
     snapshot = open_source(name="snap", snapshot="initial", snapshot_chunk_rows=3)
+    assert snapshot.snapshot.shapes == {}
     reads, checkpoint = read_until(snapshot, lambda ev: snapshot.snapshot_progress.done)
-    assert [e.type for e in reads] == ["read"] * 4 and [e.type for e in inserts] == ["insert"] * 4
-    for read, insert in zip(reads, inserts):
+    assert [e.type for e in reads] == ["read"] * 8 and [e.type for e in inserts] == ["insert"] * 8
+    by_key = {(e.table, e.pk["id"]): e for e in inserts}
+    for read in reads:
+        insert = by_key[(read.table, read.pk["id"])]
         got, want = as_json(read)["item"], as_json(insert)["item"]
         wrong = {c: (got.get(c), want[c]) for c in want if got.get(c) != want[c]}
-        assert not wrong, f"row {read.pk}: (read, insert) {wrong}"
+        assert not wrong, f"{read.table} row {read.pk}: (read, insert) {wrong}"
         assert got.keys() == want.keys() and read.pk == insert.pk
+    assert {e.table for e in reads} == {"plain", "types"}
     # a finished snapshot is never repeated: opened again from its checkpoint
-    assert checkpoint["snapshot"] == {"n": 0, "done": True, "rows": 4}
+    assert checkpoint["snapshot"] == {"n": 0, "done": True, "rows": 8}
     again = open_source(checkpoint, name="snap", snapshot="initial")
     sql.run("INSERT INTO types (id) VALUES (5)")
     events, _ = read_until(again, lambda ev: any(e.pk == {"id": 5} for e in ev))
     assert not any(e.type == "read" for e in events)
+
+
+def test_the_json_aggregated_chunks_are_used_where_they_can_be(sql, open_source):
+    from lapidus.workers.mysql.snapshot import MysqlSnapshot
+    sql.run("CREATE TABLE a (id INT PRIMARY KEY, v TEXT, n DECIMAL(5,2))",
+            "CREATE TABLE b (id INT PRIMARY KEY, x DOUBLE, y VARBINARY(4))")
+    source = open_source()
+    source.start_backfill(1, "a", None)
+    run = source.snapshot
+    assert isinstance(run, MysqlSnapshot)
+    read_until(source, lambda ev: source.snapshot_progress.done)
+    assert run.shapes[(DATABASE, "a")].json_list is not None
+    source.start_backfill(2, "b", None)
+    run = source.snapshot
+    read_until(source, lambda ev: source.snapshot_progress.done)
+    assert run.shapes[(DATABASE, "b")].json_list is None
 
 
 # ------------------------------------------------------------------ backfills

@@ -66,7 +66,7 @@ def _double(value: str) -> Any:
     return values.float_value(float(value))
 
 
-def _year(value: str) -> int:
+def _year(value: Any) -> int:
     return int(value)
 
 
@@ -117,6 +117,30 @@ class Column:
         self.column_type = column_type.lower()
         self.binary = binary
         self.json = json
+
+
+# Types whose JSON_ARRAY form (with the casts of :func:`json_expression`) carries the same
+# value as the text protocol: ints as JSON numbers, everything else as the server's text.
+_JSON_SAFE = _INTEGERS | _TEXTS | frozenset({"decimal", "numeric", "date", "datetime",
+                                             "timestamp", "time", "year", "set"})
+
+
+def json_safe(column: Column) -> bool:
+    """Whether ``column`` can be read through the aggregated JSON form of a chunk (see
+    :mod:`.snapshot`): not floats (the server's JSON digits are not the text protocol's),
+    not binary strings, BIT or geometry (bytes have no JSON form)."""
+    return column.data_type in _JSON_SAFE and not (column.binary and
+                                                   column.data_type in _TEXTS)
+
+
+def json_expression(column: Column, quoted: str) -> str:
+    """``column`` inside the chunk's ``JSON_ARRAY(...)``: the server's text for all but
+    integers (a MariaDB JSON column would be embedded as JSON, its numbers then parsed as
+    floats: CAST keeps it a string, mapped as on the binlog path)."""
+    if column.data_type in _INTEGERS or column.data_type in ("enum", "set") or (
+            column.data_type in _TEXTS and not column.json):
+        return quoted
+    return f"CAST({quoted} AS CHAR)"
 
 
 def select_expression(column: Column, quoted: str) -> str:

@@ -31,6 +31,7 @@ import base64
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
+import orjson
 import pymysql
 
 from ..base import BackendError
@@ -40,7 +41,9 @@ from ..utctime import utc_seconds_text
 from .connection import describe_error
 from .position import MariadbGtidState
 from .scope import Scope
-from .selected import CONVERSIONS, Column, RowMapper, select_expression
+from .selected import (
+    CONVERSIONS, Column, RowMapper, json_expression, json_safe, select_expression,
+)
 
 Table = Tuple[str, str]
 Position = Tuple[str, int]
@@ -222,6 +225,12 @@ class _Shape:
         # %% : the chunk's SQL goes through pymysql's %-formatting of its arguments
         self.select_list = ", ".join(select_expression(c, quote(c.name))
                                      for c in columns).replace("%", "%%")
+        # Tables of JSON-safe columns are read as one aggregated JSON text per chunk: the
+        # server builds it, orjson parses it, instead of pymysql's per-row Python parsing
+        # (about 40% of the worker's time per row otherwise)
+        self.json_list = ", ".join(json_expression(c, quote(c.name))
+                                   for c in columns).replace("%", "%%") \
+            if all(json_safe(c) for c in columns) else None
 
 
 class MysqlSnapshot(SnapshotRun):
@@ -250,6 +259,9 @@ class MysqlSnapshot(SnapshotRun):
                 # at this level; UTC: TIMESTAMP text as the binlog path gives it
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 cur.execute("SET time_zone = '+00:00'")
+                # room for a chunk's JSON_ARRAYAGG (the server still caps it at
+                # max_allowed_packet: such a chunk is read row by row instead)
+                cur.execute("SET SESSION group_concat_max_len = 4294967295")
             finally:
                 cur.close()
             self.conn = conn
@@ -317,8 +329,7 @@ class MysqlSnapshot(SnapshotRun):
                     cur.execute("COMMIT")
                     self.window = None          # tried again at the next read
                     return
-                cur.execute(sql, args)
-                raw = cur.fetchall()
+                raw = self._select(cur, shape, sql, args)
                 cur.execute("COMMIT")
             finally:
                 cur.close()
@@ -345,6 +356,21 @@ class MysqlSnapshot(SnapshotRun):
         self.position = position
         self._gtid_at = None
         window.hold(shape.mapper.rows(raw), self._raw_key(shape, raw[-1]) if raw else None)
+
+    def _select(self, cur, shape: _Shape, sql: str, args) -> list:
+        """The chunk's rows: aggregated to one JSON text where the table allows it."""
+        if shape.json_list is not None:
+            keys = ", ".join(quote(c.name).replace("%", "%%") for c in shape.key)
+            head, _, inner = sql.partition(" FOR ")
+            cur.execute(f"{head} FOR SELECT COUNT(*), JSON_ARRAYAGG(JSON_ARRAY("
+                        f"{shape.json_list}) ORDER BY {keys}) FROM ({inner}) AS lapidus_chunk",
+                        args)
+            count, text = cur.fetchone()
+            if text is not None or not count:
+                return orjson.loads(text) if text else []
+            # NULL for rows: the aggregate outgrew max_allowed_packet; row by row then
+        cur.execute(sql, args)
+        return cur.fetchall()
 
     def _snapshot_position(self, cur) -> Position:
         cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
