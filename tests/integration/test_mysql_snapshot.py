@@ -326,3 +326,29 @@ def test_a_chunk_past_its_time_limit_fails_clearly(sql, open_source):
         read_until(source, lambda ev: source.snapshot_progress.done)
     assert failed.value.fatal and "snapshot_chunk_timeout (0.5 s)" in str(failed.value)
     assert f"{DATABASE}.t" in str(failed.value)
+
+
+def test_composite_text_and_decimal_keys_are_chunked_without_a_row_lost_or_repeated(
+        sql, open_source):
+    # keys that sort differently by collation and by bytes, equal prefixes, and a DECIMAL
+    # and DATETIME key (compared as typed values, not as strings or doubles)
+    sql.run("CREATE TABLE pairs (a INT, b VARCHAR(20), c DECIMAL(30,10), PRIMARY KEY (b, a))",
+            "INSERT IGNORE INTO pairs SELECT seq % 7, CONCAT(ELT(seq % 6 + 1, 'a', 'B', 'é', "
+            "'Z', 'a b', ''), seq DIV 42), seq FROM seq_1_to_1000",
+            "CREATE TABLE money (d DECIMAL(30,10) PRIMARY KEY, at DATETIME(6))",
+            "INSERT INTO money SELECT seq / 7 + 12345678901234567, "
+            "TIMESTAMP'2026-01-01 00:00:00' + INTERVAL seq MICROSECOND FROM seq_1_to_500",
+            "CREATE TABLE moments (at DATETIME(6) PRIMARY KEY)",
+            "INSERT INTO moments SELECT TIMESTAMP'2026-01-01 00:00:00' + INTERVAL seq * 7 "
+            "MICROSECOND FROM seq_1_to_500")
+    source = open_source(snapshot="initial", snapshot_chunk_rows=37)
+    reads, _ = read_until(source, lambda ev: source.snapshot_progress.done)
+    got = [(e.pk["b"], e.pk["a"]) for e in reads if e.table == "pairs"]
+    want = [tuple(row) for row in sql.rows("SELECT b, a FROM pairs ORDER BY b, a")]
+    assert got == want and len(want) > 500
+    assert [e.pk["d"] for e in reads if e.table == "money"] == [
+        d for (d,) in sql.rows("SELECT CAST(d AS CHAR) FROM money ORDER BY d")]
+    assert len([e for e in reads if e.table == "moments"]) == 500
+    first = next(e for e in reads if e.table == "pairs")
+    key = json.dumps([first.pk["b"], first.pk["a"]], ensure_ascii=False, separators=(",", ":"))
+    assert first.id == f"crm:read:0:{DATABASE}.pairs:{key}" and list(first.pk) == ["b", "a"]

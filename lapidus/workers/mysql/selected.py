@@ -194,9 +194,22 @@ class RowMapper:
             (i, fn) for i, fn in ((i, converter(c)) for i, c in enumerate(columns))
             if fn is not None)
 
-    def rows(self, raw: Sequence[tuple]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
-        names, key_names, converters = self.names, self.key_names, self.converters
+    def rows(self, raw: Sequence[Sequence[Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+        names, converters = self.names, self.converters
         out = []
+        append = out.append
+        if len(self.key_index) == 1:        # the common case, without a loop per key
+            key_name, key_at = self.key_names[0], self.key_index[0]
+            for values_ in raw:
+                if converters:
+                    values_ = list(values_)
+                    for i, fn in converters:
+                        value = values_[i]
+                        if value is not None:
+                            values_[i] = fn(value)
+                append(({key_name: values_[key_at]}, dict(zip(names, values_))))
+            return out
+        pairs = list(zip(self.key_names, self.key_index))
         for values_ in raw:
             if converters:
                 values_ = list(values_)
@@ -204,6 +217,5 @@ class RowMapper:
                     value = values_[i]
                     if value is not None:
                         values_[i] = fn(value)
-            item = dict(zip(names, values_))
-            out.append(({name: item[name] for name in key_names}, item))
+            append(({name: values_[i] for name, i in pairs}, dict(zip(names, values_))))
         return out
