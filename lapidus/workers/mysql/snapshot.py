@@ -337,6 +337,7 @@ class MysqlSnapshot(SnapshotRun):
             self.window = None
             code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
             if code == ER_NO_SUCH_TABLE:
+                self.close()            # ends the transaction the error left open
                 self._skip_dropped(schema, table)
                 return
             if code == ER_STATEMENT_TIMEOUT:
