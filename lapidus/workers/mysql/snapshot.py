@@ -455,9 +455,12 @@ class MysqlSnapshot(SnapshotRun):
     def reached(self, file: Optional[str], pos: Optional[int]) -> bool:
         """The binlog reader, now at ``file:pos`` (the end of what it consumed), has read
         everything before the held chunk's P."""
-        if self.window is None or self.position is None or not file or not pos:
+        position = self.position
+        if self.window is None or position is None or not file or not pos:
             return False
-        return binlog_order(file, pos) >= binlog_order(*self.position)
+        if file == position[0]:             # the common case, checked after every event
+            return pos >= position[1]
+        return binlog_order(file, pos) >= binlog_order(*position)
 
     def reached_when_idle(self, conn, state: Optional[MariadbGtidState]) -> Optional[bool]:
         """For an idle binlog: the reader's coordinates stay behind the real ones after a
