@@ -352,3 +352,17 @@ def test_composite_text_and_decimal_keys_are_chunked_without_a_row_lost_or_repea
     first = next(e for e in reads if e.table == "pairs")
     key = json.dumps([first.pk["b"], first.pk["a"]], ensure_ascii=False, separators=(",", ":"))
     assert first.id == f"crm:read:0:{DATABASE}.pairs:{key}" and list(first.pk) == ["b", "a"]
+
+
+def test_a_table_dropped_during_the_snapshot_is_skipped(sql, open_source):
+    sql.run("CREATE TABLE a (id INT PRIMARY KEY)", "INSERT INTO a SELECT seq FROM seq_1_to_2000",
+            "CREATE TABLE b (id INT PRIMARY KEY)", "INSERT INTO b VALUES (1), (2)")
+    source = open_source(snapshot="initial", snapshot_chunk_rows=300)
+    events, _ = read_until(source, lambda ev: sum(e.type == "read" for e in ev) >= 300)
+    assert source.snapshot_progress.table == (DATABASE, "a")
+    sql.run("DROP TABLE a")
+    more, checkpoint = read_until(source, lambda ev: source.snapshot_progress.done)
+    reads = [e for e in events + more if e.type == "read"]
+    assert [e.pk["id"] for e in reads if e.table == "b"] == [1, 2]
+    assert 300 <= sum(e.table == "a" for e in reads) < 2000
+    assert checkpoint["snapshot"]["done"] and any(e.type == "schema" for e in more)
