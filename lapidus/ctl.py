@@ -8,12 +8,14 @@ Runs in its own short-lived process; never imports the supervisor.  Exit codes: 
 from __future__ import annotations
 
 import argparse
+import collections
+import fnmatch
 import json
 import sys
 import time
 from typing import List, Optional
 
-from . import exitcodes
+from . import ctl_backfill, ctl_ddl, exitcodes
 from .control import ControlUnavailable, request
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = (
@@ -32,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--socket", metavar="PATH", help="control socket path")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="state of every backend")
+    status.add_argument("names", nargs="*", metavar="NAME",
+                        help="only backends whose name matches (globs: 'shop_*')")
+    status.add_argument("--state", action="append", type=str.upper, metavar="STATE",
+                        help="only backends in this state (RUNNING, WAITING, FATAL ...; "
+                             "repeatable)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     restart = sub.add_parser("restart", help="restart one backend, or all")
     restart.add_argument("backend", nargs="?")
@@ -44,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--json", action="store_true", help="one JSON object per line")
     dead.add_argument("--resend", action="store_true",
                       help="send them again through the running lapidus (same ids)")
+    ctl_backfill.add_parser(sub)
+    ctl_ddl.add_parser(sub)
     slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
     slots.add_argument("--json", action="store_true", help="machine-readable output")
     drop = sub.add_parser("drop-slot", help="drop an abandoned replication slot")
@@ -165,7 +174,28 @@ def error_text(row: dict) -> str:
     return error or "-"
 
 
-def format_status(status: dict) -> str:
+def select_backends(rows: List[dict], names: Optional[List[str]],
+                    states: Optional[List[str]]) -> List[dict]:
+    """The rows whose name matches one of ``names`` (globs) and whose state is in ``states``
+    (each filter only when given)."""
+    return [row for row in rows
+            if (not names or any(fnmatch.fnmatchcase(row["name"], n) for n in names))
+            and (not states or row.get("state") in states)]
+
+
+def summary_line(rows: List[dict], total: Optional[int] = None) -> str:
+    """``100 backends: 97 RUNNING, 2 WAITING, 1 FATAL`` (``, 3 shown`` when filtered)."""
+    counts = collections.Counter(row.get("state") for row in rows)
+    order = ("RUNNING", "STARTING", "WAITING", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+    parts = [f"{counts[s]} {s}" for s in order if counts.get(s)]
+    parts += [f"{n} {s}" for s, n in counts.items() if s not in order]
+    text = f"{len(rows)} backend{'s' if len(rows) != 1 else ''}: {', '.join(parts) or '-'}"
+    if total is not None and total != len(rows):
+        text = f"{len(rows)} of {total} backends shown: {', '.join(parts) or '-'}"
+    return text
+
+
+def format_status(status: dict, total: Optional[int] = None) -> str:
     rows = [COLUMNS]
     for b in status.get("backends", []):
         rows.append((b["name"], b["state"], str(b.get("pid") or "-"),
@@ -178,9 +208,14 @@ def format_status(status: dict) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     # below the table: a running snapshot's progress has no column of its own
-    lines.extend(f"{b['name']}: {snapshot_text(b['snapshot'])}"
-                 for b in status.get("backends", [])
-                 if (b.get("snapshot") or {}).get("state") == "running")
+    for b in status.get("backends", []):
+        if (b.get("snapshot") or {}).get("state") == "running":
+            lines.append(f"{b['name']}: {snapshot_text(b['snapshot'])}")
+        queued = (b.get("backfills") or {}).get("queued")
+        if queued:
+            lines.append(f"{b['name']}: backfills queued: " +
+                         ", ".join(f"{r['n']} {r['table']}" for r in queued))
+    lines.append(summary_line(status.get("backends", []), total))
     return "\n".join(lines)
 
 
@@ -188,7 +223,9 @@ def snapshot_text(snapshot: dict) -> str:
     """``snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, table 1 of 2``."""
     done, estimate = snapshot.get("table_rows", 0), snapshot.get("table_rows_estimated")
     of = f"/~{estimate} rows ({min(100, done * 100 // estimate)}%)" if estimate else " rows"
-    return (f"snapshot {snapshot.get('table')} {done}{of}, "
+    what = "snapshot" if not snapshot.get("n") else f"backfill {snapshot['n']}"
+    where = f" where {snapshot['where']}" if snapshot.get("where") else ""
+    return (f"{what} {snapshot.get('table')}{where} {done}{of}, "
             f"{snapshot.get('rows_per_second', 0):.0f} rows/s, "
             f"table {snapshot.get('tables_done', 0) + 1} of {snapshot.get('tables')}")
 
@@ -248,11 +285,14 @@ def send_request(args, message: dict) -> int:
         print(f"lapidusctl: {response.get('error', 'refused')}", file=sys.stderr)
         return EXIT_REFUSED
     if message["command"] == "status":
+        total = len(response.get("backends", []))
+        response["backends"] = select_backends(response.get("backends", []),
+                                               args.names, args.state)
         if getattr(args, "json", False):
             response["time"] = time.time()
             print(json.dumps(response, indent=2, default=str))
         else:
-            print(format_status(response))
+            print(format_status(response, total))
     else:
         done = next((v for k, v in response.items() if k != "ok"), [])
         print(f"{args.command}: {', '.join(done) if done else 'nothing to do'}")
@@ -265,6 +305,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return slots_command(args)
     if args.command == "dead-letters":
         return dead_letters_command(args)
+    if args.command == "install-ddl-capture":
+        return ctl_ddl.install_ddl_capture_command(args)
+    if args.command == "backfill":
+        return ctl_backfill.backfill_command(args, socket_path)
     message = {"command": args.command}
     if args.command != "status":
         message["backend"] = getattr(args, "backend", None)

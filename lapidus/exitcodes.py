@@ -10,6 +10,7 @@ RUNTIME = 1             # lapidus: a runtime failure (every backend FATAL, a por
 USAGE = 2               # invalid configuration or usage; every problem is listed
 UNREACHABLE = 3         # lapidusctl: no Lapidus answers on the control socket
 REFUSED = 1             # lapidusctl: the supervisor refused the command (unknown backend ...)
+INTERRUPTED = 130       # lapidusctl backfill --wait: Ctrl-C stopped following (not the backfill)
 
 # -- children of the supervisor (what the supervisor reads from a worker or the dispatcher) --
 CHILD_OK = 0            # stopped as asked

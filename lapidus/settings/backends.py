@@ -124,8 +124,11 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "name is looked up on `$PATH`.", types=PG),
     # mysql
     Setting("port", _PORT, "Server port.", 3306, types=MY),
-    Setting("user", Str(), "User with REPLICATION SLAVE, REPLICATION CLIENT and SELECT.",
-            "root", types=MY, aliases=("username",)),
+    Setting("user", Str(), "User with REPLICATION SLAVE, REPLICATION CLIENT and SELECT "
+            "(`CREATE USER 'lapidus'@'%' IDENTIFIED BY '...'; GRANT REPLICATION SLAVE, "
+            "REPLICATION CLIENT, SELECT ON *.* TO 'lapidus'@'%';`). Not `root` by default: "
+            "Debian's root logs in by unix socket only, never over TCP.",
+            "lapidus", types=MY, aliases=("username",)),
     Setting("database", Str(), "Stream only this database (unless `include_tables` says "
             "otherwise); every database when unset.", types=MY),
     Setting("server_id", Int(SERVER_ID_MIN, SERVER_ID_MAX), "Replica server id; must differ "

@@ -93,6 +93,7 @@ class Arbiter:
             "status": lambda _req: {"ok": True, **self.status()},
             "restart": self.cmd_restart, "stop": self.cmd_stop, "start": self.cmd_start,
             "resend_dead_letters": self.cmd_resend_dead_letters,
+            "backfill": self.cmd_backfill,
         }, self.log)
 
     @property
@@ -455,6 +456,29 @@ class Arbiter:
         self.log.info("dead letters handed to the dispatcher to send again",
                       backend=handle.name, events=count)
         return {"ok": True, "resending": [f"{count} event(s) of {handle.name}"]}
+
+    def cmd_backfill(self, request: dict) -> dict:
+        """Queue a backfill of one table of a backend, or cancel the backend's backfills
+        (those of ``table`` only, when given).  The request is a file the worker picks up
+        (lapidus.workers.snapshot.requests); the worker checks the table and the condition,
+        so its verdict shows in the status (``snapshot``, ``backfills``), not here."""
+        from ..workers.snapshot.requests import BackfillQueue
+        (handle,) = self._handles(request.get("backend") or "")
+        queue = BackfillQueue(Path(self.config.state_dir) / handle.name)
+        table = request.get("table") or None
+        if request.get("cancel"):
+            gone = queue.cancel(table)
+            if gone:
+                self.log.info("backfills cancelled", backend=handle.name,
+                              backfills=[r.n for r in gone])
+            return {"ok": True, "cancelled": [r.fields() for r in gone]}
+        if not isinstance(table, str):
+            return {"ok": False, "code": "bad_request", "error": "backfill needs a table"}
+        where = request.get("where")
+        queued = queue.add(table, where if isinstance(where, str) and where.strip() else None)
+        self.log.info("backfill requested", backend=handle.name, n=queued.n, table=table,
+                      where=queued.where)
+        return {"ok": True, "backfill": queued.fields(), "state": handle.state.value}
 
     def reload(self) -> None:
         """SIGHUP: read the configuration again; start, stop and restart only the backends whose

@@ -49,6 +49,7 @@ def _snapshot_metrics(f: Dict[str, "Family"], name: str, snapshot) -> None:
         return
     running = snapshot.get("state") == "running"
     f["lapidus_snapshot_running"].add(1 if running else 0, backend=name)
+    f["lapidus_snapshot_number"].add(snapshot.get("n") or 0, backend=name)
     f["lapidus_snapshot_rows"].add(snapshot.get("rows") or 0, backend=name)
     if running:
         table = snapshot.get("table") or ""
@@ -90,12 +91,17 @@ def render(status: dict) -> str:
          "1 while the backend is held at an event the sink refuses for good."),
         ("lapidus_dead_letters", "gauge",
          "Events in the backend's dead-letter file (refused for good, not sent again yet)."),
-        ("lapidus_snapshot_running", "gauge", "1 while the backend's snapshot runs."),
+        ("lapidus_snapshot_running", "gauge",
+         "1 while the backend's snapshot or backfill runs."),
+        ("lapidus_snapshot_number", "gauge",
+         "Number of the current or last run: 0 the initial snapshot, 1, 2, ... backfills."),
+        ("lapidus_backfills_queued", "gauge", "Backfills waiting for the current run to end."),
         ("lapidus_snapshot_rows", "gauge", "Rows the snapshot emitted as read events so far."),
         ("lapidus_snapshot_table_rows", "gauge",
          "Rows the snapshot emitted of the table it reads now."),
         ("lapidus_snapshot_table_rows_estimated", "gauge",
-         "The planner's row estimate (pg_class.reltuples) of the table the snapshot reads."),
+         "The server's row estimate of the table the snapshot reads (PostgreSQL: "
+         "pg_class.reltuples)."),
         ("lapidus_snapshot_rows_per_second", "gauge", "The snapshot's rate since it (re)started."),
     )}
     for b in status.get("backends", []):
@@ -119,6 +125,8 @@ def render(status: dict) -> str:
         f["lapidus_backend_waiting_seconds"].add(b.get("waiting_seconds") or 0, backend=name)
         f["lapidus_dead_letters"].add(b.get("dead_letters") or 0, backend=name)
         _snapshot_metrics(f, name, b.get("snapshot"))
+        f["lapidus_backfills_queued"].add(len((b.get("backfills") or {}).get("queued") or []),
+                                          backend=name)
         for sink in (b.get("undeliverable") or {}):
             f["lapidus_undeliverable"].add(1, backend=name, sink=sink)
         for sink, state in (b.get("sinks") or {}).items():

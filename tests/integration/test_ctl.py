@@ -21,9 +21,10 @@ def test_status_restart_stop_start(lapidus_factory, pg_db, tmp_path):
 
     code, out, _ = ctl(path, "status")
     assert code == 0
-    header, *rows = out.splitlines()
+    header, *rows, summary = out.splitlines()
     assert header.split()[:3] == ["backend", "state", "pid"]
     assert [r.split()[:2] for r in rows] == [["one", "RUNNING"], ["two", "RUNNING"]]
+    assert summary == "2 backends: 2 RUNNING"
 
     pid_one, pid_two = status(path)["one"]["pid"], status(path)["two"]["pid"]
     assert ctl(path, "restart", "one")[0] == 0
@@ -32,6 +33,11 @@ def test_status_restart_stop_start(lapidus_factory, pg_db, tmp_path):
 
     assert ctl(path, "stop", "two")[0] == 0
     wait_until(lambda: status(path)["two"]["state"] == "STOPPED", 15)
+    code, out, _ = ctl(path, "status", "--state", "stopped")
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["two", "STOPPED"]
+    assert out.splitlines()[-1] == "1 of 2 backends shown: 1 STOPPED"
+    code, out, _ = ctl(path, "status", "o*", "--json")
+    assert [b["name"] for b in json.loads(out)["backends"]] == ["one"]
     pg_db.sql("INSERT INTO t VALUES (1)")
     events = proc.wait_events(1)
     assert {e["backend"] for e in events} == {"one"}

@@ -73,13 +73,15 @@ def test_worker_resuming_after_the_relation_message_decodes_with_the_one_in_forc
         os.kill(worker, signal.SIGKILL)
     wait_until(lambda: proc.log().count('"streaming"') >= 2, 30, message="worker restarted")
     pg_db.sql("INSERT INTO t VALUES (4, 'd')")                          # relation message 3
-    events = proc.wait_events(4)
-    assert [e["item"] for e in events] == [
+    events = proc.wait_events(6)        # 4 rows, and each changed relation a schema event
+    assert [e["item"] for e in events if e["type"] == "insert"] == [
         {"id": 1, "v": "a"},
         {"id": 2, "v": "b", "w": 7},
         {"id": 3, "v": "c", "w": 7},
         {"id": 4, "v": "d", "w": 7, "z": "zz"},
     ]
+    assert [(e["item"]["added"], e["item"]["source"]) for e in events
+            if e["type"] == "schema"] == [(["w"], "relation"), (["z"], "relation")]
     assert CATALOG_FALLBACK not in proc.log()
     assert "Traceback" not in proc.log()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -22,12 +23,49 @@ UNITS = Path(__file__).resolve().parents[2] / "systemd"
 def test_unit_files_verify(tmp_path, unit, instance):
     lapidus_bin = Path(sys.executable).with_name("lapidus")
     assert lapidus_bin.exists()
-    text = (UNITS / unit).read_text().replace("/usr/local/bin/lapidus", str(lapidus_bin))
+    text = (UNITS / unit).read_text().replace("/opt/lapidus/bin/lapidus", str(lapidus_bin))
     (tmp_path / instance).write_text(text)
     result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / instance)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "", result.stderr
+
+
+INSTALL_BLOCK = re.compile(r"```sh\n(.*?)```", re.S)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_documented_install_gives_the_binary_the_unit_runs(tmp_path):
+    """systemd/README.md's install into a system venv, done for real (into a temporary
+    prefix instead of /opt/lapidus), yields the command the units' ExecStart names, and it
+    runs outside the clone."""
+    readme = (UNITS / "README.md").read_text()
+    install = INSTALL_BLOCK.search(readme).group(1)
+    assert "python3 -m venv /opt/lapidus" in install
+    assert "/opt/lapidus/bin/pip install './[nats]'" in install
+    for unit in ("lapidus.service", "lapidus@.service"):
+        assert "ExecStart=/opt/lapidus/bin/lapidus -c " in (UNITS / unit).read_text()
+    prefix = tmp_path / "opt-lapidus"
+    subprocess.run([sys.executable, "-m", "venv", str(prefix)], check=True, timeout=120)
+    result = subprocess.run(
+        [str(prefix / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+         "./[nats]"], cwd=UNITS.parent, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (UNITS / "lapidus.service").read_text().replace("/opt/lapidus", str(prefix))
+    (tmp_path / "lapidus.service").write_text(text)
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                             str(tmp_path / "lapidus.service")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+    for command in ("lapidus", "lapidusctl"):
+        ran = subprocess.run([str(prefix / "bin" / command), "--help"], cwd="/",
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and "usage" in ran.stdout.lower(), ran.stderr
+    # the installed package, not the clone, is what runs
+    where = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                            "import lapidus; print(lapidus.__file__)"], cwd="/",
+                           capture_output=True, text=True, timeout=60)
+    assert where.stdout.startswith(str(prefix)), where.stdout + where.stderr
 
 
 def test_ready_status_watchdog_and_stopping_reach_the_notify_socket(

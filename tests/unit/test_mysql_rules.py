@@ -137,7 +137,7 @@ def test_missing_after_names_the_first_purged_gtid():
 
 def test_settings_defaults_and_secret_password():
     s = settings_from("crm", {"password": "hunter2", "database": "crm"})
-    assert (s.host, s.port, s.user, s.database) == ("127.0.0.1", 3306, "root", "crm")
+    assert (s.host, s.port, s.user, s.database) == ("127.0.0.1", 3306, "lapidus", "crm")
     assert s.server_id == default_server_id("crm") != default_server_id("shop")
     assert "hunter2" not in repr(s)
     assert s.dead_after >= 2 * s.heartbeat_seconds

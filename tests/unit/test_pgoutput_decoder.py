@@ -14,7 +14,8 @@ import struct
 import pytest
 
 from lapidus.filters import TableFilter
-from lapidus.workers.postgresql.decoding import Begin, Change, Commit, Watermark
+from lapidus.workers.postgresql.decoding import (
+    Begin, Change, Commit, RelationChanged, Watermark)
 from lapidus.workers.postgresql.pgoutput import (
     PgOutputDecoder, ProtocolError, commit_time, message_content, quote_name, split_messages)
 from lapidus.workers.postgresql.pgoutput_relations import RelationLog
@@ -571,7 +572,43 @@ def log_relation(decoder: PgOutputDecoder, frame: bytes, position) -> None:
     """Decode ``frame`` as the spool reader would find it at ``position`` (segment, offset)."""
     data = b"\0" * position[1] + spool(frame)
     messages, used = decoder.decode_run(data, position[1], 10, (position[0], 0))
-    assert messages == [(None, len(frame) + 1)] and used == len(data)
+    # nothing, or the schema change a changed description shows (test_a_changed_relation...)
+    assert len(messages) == 1 and messages[0][1] == len(frame) + 1 and used == len(data)
+    assert messages[0][0] is None or isinstance(messages[0][0], RelationChanged)
+
+
+def test_a_changed_relation_is_a_schema_change_outside_the_change_index():
+    decoder = make_decoder()
+    assert decoder.decode(ITEMS_R) is None                      # first sight: no news
+    assert decoder.decode(ITEMS_R) is None                      # resent unchanged
+    newer = relation(ITEMS, "public", "items",
+                     [c for c in ITEMS_COLUMNS if c[0] != "body"] + [("added", INT4, False)])
+    change = decoder.decode(newer)
+    assert isinstance(change, RelationChanged)
+    assert (change.schema, change.table, change.item["added"], change.item["dropped"]) == (
+        "public", "items", ["added"], ["body"])
+    assembler, out = TransactionAssembler("b"), []
+    for message in (Begin(0x100, "7", None), change,
+                    decoder.decode(insert(ITEMS, ["1", "a", "1", "7"])), Commit(0x100)):
+        assembler.feed(message, out)
+    assert [(e.type, e.id) for e in out] == [("schema", "b:0/100:relation:16390"),
+                                             ("insert", "b:0/100:0")]
+
+
+def test_a_ddl_capture_message_is_a_schema_change_of_its_table():
+    content = json.dumps({"command": "ALTER TABLE", "object_type": "table",
+                          "object": "public.items", "schema": "public", "table": "items",
+                          "columns": [{"name": "id", "type": "integer"}], "sql": "ALTER ..."})
+    decoder = make_decoder(messages=False)
+    change = decoder.decode(logical_message("lapidus-ddl", content.encode(), 5))
+    assert (change.type, change.schema, change.table, change.item["source"]) == (
+        "schema", "public", "items", "ddl_capture")
+    decoder.decode(ITEMS_R)
+    # the relation message that follows repeats what the capture said: no second event
+    assert decoder.decode(relation(ITEMS, "public", "items",
+                                   ITEMS_COLUMNS + [("x", INT4, False)])) is None
+    excluded = make_decoder(table_filter=TableFilter(exclude=["items"]))
+    assert excluded.decode(logical_message("lapidus-ddl", content.encode(), 5)) is None
 
 
 def test_relation_frames_are_logged_with_their_spool_position(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lapidus.ctl import format_status, sinks_text
+from lapidus.ctl import format_status, select_backends, sinks_text, summary_line
 from lapidus.supervisor import metrics
 
 
@@ -14,8 +14,8 @@ def status_with(sinks: dict) -> dict:
 def test_status_table_shows_each_sink_up_or_down_with_for_how_long():
     table = format_status(status_with({"nats": {"connected": False, "down_seconds": 12.4},
                                        "exec": {"connected": True}}))
-    header, row = table.splitlines()
-    assert "sinks" in header.split()
+    header, row, summary = table.splitlines()
+    assert "sinks" in header.split() and summary == "1 backend: 1 RUNNING"
     assert "nats down 12s, exec up" in row
     assert sinks_text({}) == sinks_text(None) == "-"         # stdout only: nothing to show
     assert sinks_text({"nats": {"error": "health() failed"}}) == "nats ?"
@@ -45,7 +45,7 @@ def test_a_running_snapshot_shows_below_the_table():
     assert lines[2] == ("shop: snapshot public.t 30000/~200000 rows (15%), 5210 rows/s, "
                         "table 1 of 2")
     status["backends"][0]["snapshot"] = {"n": 0, "state": "done", "rows": 5}
-    assert len(format_status(status).splitlines()) == 2
+    assert len(format_status(status).splitlines()) == 3     # header, row, summary
 
 
 def test_snapshot_metrics_while_running_and_once_done():
@@ -64,3 +64,34 @@ def test_snapshot_metrics_while_running_and_once_done():
     assert 'lapidus_snapshot_running{backend="shop"} 0' in body
     assert 'lapidus_snapshot_table_rows{' not in body
     assert "lapidus_snapshot_running{" not in metrics.render(status_with({}))
+
+
+def test_a_running_backfill_and_the_queue_show_below_the_table_and_in_metrics():
+    status = status_with({})
+    status["backends"][0]["snapshot"] = {
+        "n": 3, "state": "running", "table": "public.t", "where": "id < 10", "tables_done": 0,
+        "tables": 1, "table_rows": 5, "table_rows_estimated": None, "rows": 5,
+        "rows_per_second": 2.0}
+    status["backends"][0]["backfills"] = {
+        "queued": [{"n": 4, "table": "other", "where": None, "requested_at": ""}],
+        "refused": []}
+    lines = format_status(status).splitlines()
+    assert lines[2] == "shop: backfill 3 public.t where id < 10 5 rows, 2 rows/s, table 1 of 1"
+    assert lines[3] == "shop: backfills queued: 4 other"
+    body = metrics.render(status)
+    assert 'lapidus_snapshot_number{backend="shop"} 3' in body
+    assert 'lapidus_backfills_queued{backend="shop"} 1' in body
+
+
+def test_many_backends_a_summary_and_filters_by_name_and_state():
+    rows = [{"name": f"shop_{i}", "state": "RUNNING"} for i in range(97)] + [
+        {"name": "crm_a", "state": "WAITING"}, {"name": "crm_b", "state": "WAITING"},
+        {"name": "erp", "state": "FATAL"}]
+    assert summary_line(rows) == "100 backends: 97 RUNNING, 2 WAITING, 1 FATAL"
+    assert [r["name"] for r in select_backends(rows, ["crm_*", "erp"], None)] == [
+        "crm_a", "crm_b", "erp"]
+    assert [r["name"] for r in select_backends(rows, None, ["FATAL", "WAITING"])] == [
+        "crm_a", "crm_b", "erp"]
+    assert [r["name"] for r in select_backends(rows, ["crm_*"], ["FATAL"])] == []
+    shown = select_backends(rows, None, ["WAITING"])
+    assert summary_line(shown, total=100) == "2 of 100 backends shown: 2 WAITING"

@@ -26,7 +26,7 @@ class MysqlSettings:
     name: str
     host: str = "127.0.0.1"
     port: int = 3306
-    user: str = "root"
+    user: str = "lapidus"
     password: str = field(default="", repr=False)     # never in logs or messages
     database: Optional[str] = None
     server_id: int = 0
@@ -86,7 +86,7 @@ def settings_from(name: str, options: Optional[Mapping[str, Any]]) -> MysqlSetti
         name=name,
         host=str(o.get("host") or "127.0.0.1"),
         port=int(o.get("port") or 3306),
-        user=str(o.get("user") or "root"),
+        user=str(o.get("user") or "lapidus"),
         password=str(o.get("password") or ""),
         database=o.get("database") or None,
         server_id=int(o.get("server_id") or default_server_id(name)),

@@ -82,6 +82,7 @@ class Catalog:
         self.type_map = type_map or TypeMap()
         self._resolved: set = set()
         self._columns: Dict[Tuple[str, str], List[str]] = {}
+        self._type_names: Dict[int, str] = {}
 
     def converter(self, oid: int) -> Callable:
         if oid >= FIRST_USER_OID and oid not in self._resolved:
@@ -103,6 +104,15 @@ class Catalog:
                 names = [row[0] for row in cur.fetchall()]
             self._columns[key] = names
         return names
+
+    def type_name(self, oid: int) -> str:
+        """``format_type(oid, NULL)``: ``integer``, ``text``, ``character varying`` ..."""
+        name = self._type_names.get(oid)
+        if name is None:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_catalog.format_type(%s, NULL)", (oid,))
+                name = self._type_names[oid] = str(cur.fetchone()[0])
+        return name
 
     def forget_table(self, schema: str, table: str) -> None:
         """Drop cached columns (after DDL)."""

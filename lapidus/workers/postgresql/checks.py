@@ -13,6 +13,7 @@ from typing import List, Optional
 import psycopg2
 
 from ..base import BackendError
+from .errors import RECOVER_LOST_POSITION
 
 
 def _one(conn, sql: str, args=()):
@@ -185,8 +186,7 @@ def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
             raise BackendError(
                 f'backend "{backend}": replication slot "{slot}" no longer exists, but Lapidus '
                 f"has a position for it ({checkpoint_path}): changes made since then are gone "
-                f"from the server. Re-snapshot the tables you need, then delete the checkpoint "
-                f"file (and the spool folder beside it) to start streaming from now", fatal=True)
+                f"from the server; {RECOVER_LOST_POSITION}", fatal=True)
         create_slot(conn, backend=backend, slot=slot, plugin=plugin)
         return True
     if info["plugin"] != plugin:
@@ -202,9 +202,9 @@ def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
     if info["wal_status"] == "lost":
         raise BackendError(
             f'backend "{backend}": slot "{slot}" is lost: the server removed WAL it still '
-            f"needed (max_slot_wal_keep_size). Changes since its position are gone. Re-snapshot, "
-            f"then drop the slot (SELECT pg_drop_replication_slot('{slot}');) and delete "
-            f"{checkpoint_path} to start from now", fatal=True)
+            f"needed (max_slot_wal_keep_size). Changes since its position are gone. Drop the "
+            f"slot (SELECT pg_drop_replication_slot('{slot}');), then "
+            f"{RECOVER_LOST_POSITION}", fatal=True)
     deadline = time.monotonic() + wait_active
     while info and info["active"]:
         # A pg_recvlogical of ours that just died may hold the slot for a moment longer.

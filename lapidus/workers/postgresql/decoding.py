@@ -71,7 +71,19 @@ class Watermark:
     content: str
 
 
-Message = Any  # Begin | Change | Commit | Watermark | None
+@dataclass(slots=True)
+class RelationChanged:
+    """A table described with other columns (or another name) than before: DDL seen through
+    pgoutput's relation messages (:mod:`.ddl`).  Becomes a ``schema`` event that does not
+    count in its transaction's change index: a resent relation message is not a change."""
+
+    relid: int
+    schema: str
+    table: str
+    item: dict
+
+
+Message = Any  # Begin | Change | Commit | Watermark | RelationChanged | None
 
 
 class Decoder(Protocol):

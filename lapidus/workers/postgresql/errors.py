@@ -149,6 +149,13 @@ def query_error(exc: BaseException, options: dict, backend: str, doing: str) -> 
         f"{doing}: {reason}; {_transient_hint(text.lower())} (reconnecting)")
 
 
+#: the fix of every "position lost" error: a fresh start with an initial snapshot
+RECOVER_LOST_POSITION = (
+    'move the backend\'s state directory (<state_dir>/<backend>/) away and start it again '
+    'with snapshot = "initial": a new slot, then every row as it is now, no gap '
+    '(docs/operations.md, "Recovering a lost position")')
+
+
 def child_error(errors: str, options: dict, backend: str) -> BackendError:
     """A pg_recvlogical that exited, judged by the tail of its log (``errors``)."""
     lines = [line.strip() for line in errors.splitlines() if line.strip()]
@@ -157,8 +164,7 @@ def child_error(errors: str, options: dict, backend: str) -> BackendError:
         return BackendError(
             f'backend "{backend}": pg_recvlogical failed: replication slot "{slot.group(1)}" '
             f"does not exist (dropped while Lapidus streamed); changes since the checkpoint "
-            f"are gone from the server: re-snapshot, then delete the backend's checkpoint and "
-            f"spool to start from now", fatal=True)
+            f"are gone from the server: {RECOVER_LOST_POSITION}", fatal=True)
     for marker in ("may not be used as an output plugin", "could not access file"):
         for line in reversed(lines):
             if marker in line:

@@ -31,7 +31,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..utctime import utc_seconds_text
 from ..snapshot import WATERMARK_PREFIX
-from .decoding import Begin, Change, Commit, Watermark
+from .ddl import DDL_PREFIX, ddl_change, relation_diff
+from .decoding import Begin, Change, Commit, RelationChanged, Watermark
 from .types import (to_bool, to_float, to_int, to_numeric, to_text, to_timestamp,
                     to_timestamptz)
 
@@ -312,6 +313,8 @@ class PgOutputDecoder:
         self._relations: Dict[int, Relation] = {}
         self._frames: Dict[int, bytes] = {}       # relid -> the R frame cached
         self.types: Dict[int, Tuple[str, str]] = {}   # Y: type OID -> (schema, name)
+        # tables whose DDL the capture announced: their next relation message is no news
+        self._ddl_announced: set = set()
         if log is not None:
             for frame in log.frames():
                 self._cache_relation(frame)
@@ -359,8 +362,8 @@ class PgOutputDecoder:
                 if end < 0 or end >= size:
                     break
                 if kind == 82:                                  # R: position for the log
-                    message = None
-                    self._remember_relation(data[pos:end], (origin[0], origin[1] + pos))
+                    message = self._remember_relation(data[pos:end],
+                                                      (origin[0], origin[1] + pos))
                 else:
                     message = self.decode(data[pos:end])
             if data[end] != _NEWLINE:
@@ -400,8 +403,7 @@ class PgOutputDecoder:
         if kind == 67:                                          # C
             return Commit(_U64(frame, 2)[0])
         if kind == 82:                                          # R
-            self._remember_relation(frame, (0, 0))
-            return None
+            return self._remember_relation(frame, (0, 0))
         if kind == 84:                                          # T
             return self._truncate(frame)
         if kind == 77:                                          # M
@@ -507,6 +509,8 @@ class PgOutputDecoder:
         content = message_content(frame[p + 5:p + 5 + size])
         if prefix == WATERMARK_PREFIX:
             return Watermark(content or "")
+        if prefix == DDL_PREFIX:
+            return self._ddl(content, transactional, lsn)
         if not self.user_messages:
             return None
         return Change("message", prefix=prefix, content=content, transactional=transactional,
@@ -514,14 +518,47 @@ class PgOutputDecoder:
 
     # -- the relation cache ---------------------------------------------------------------
 
-    def _remember_relation(self, frame: bytes, position: Position) -> None:
+    def _ddl(self, content: Optional[str], transactional: bool, lsn: int) -> Optional[Change]:
+        """A DDL capture message (:mod:`.ddl`) as a ``schema`` change of its table (None for
+        a table left out by include/exclude)."""
+        parsed = ddl_change(content)
+        if parsed is None:
+            return None
+        schema, table, item = parsed
+        if table is not None:
+            if not self.table_filter.allows(schema or "", table):
+                return None
+            self._ddl_announced.add((schema or "", table))
+        return Change("schema", schema, table, None, item, transactional=transactional,
+                      lsn=lsn)
+
+    def _remember_relation(self, frame: bytes, position: Position) -> Optional[RelationChanged]:
+        """Cache a relation message; the schema change it shows, if it describes a known
+        table differently (and the DDL capture did not announce it already)."""
         (relid,) = _U32(frame, 1)
         if self._frames.get(relid) == frame:
-            return          # resent unchanged (every new session resends it)
+            return None     # resent unchanged (every new session resends it)
         if self.log is not None:
             # Durable before any change that needs it can be delivered and checkpointed.
             self.log.append(position, frame)
+        old = self._relations.get(relid)
         self._cache_relation(frame)
+        new = self._relations[relid]
+        if old is None or not new.allowed:
+            return None
+        if (new.schema, new.table) in self._ddl_announced:
+            self._ddl_announced.discard((new.schema, new.table))
+            return None
+        item = relation_diff(f"{old.schema}.{old.table}", self._columns(old),
+                             f"{new.schema}.{new.table}", self._columns(new))
+        if item is None:
+            return None
+        return RelationChanged(relid, new.schema, new.table, item)
+
+    def _columns(self, rel: Relation) -> List[Tuple[str, str]]:
+        type_name = getattr(self.catalog, "type_name", None)
+        return [(name, type_name(oid) if type_name is not None else str(oid))
+                for name, oid in zip(rel.names, rel.type_oids)]
 
     def _cache_relation(self, frame: bytes) -> None:
         rel = parse_relation(frame)

@@ -310,8 +310,9 @@ class PgSnapshot(SnapshotRun):
             conditions.append(f"({keys}) > ({casts})")
             args = tuple(last)
         if self.progress.where:
-            # a backfill's --where, in parentheses so its OR cannot escape the keyset
-            conditions.append(f"({self.progress.where})")
+            # a backfill's --where, in parentheses so its OR cannot escape the keyset; its
+            # % are the operator's (LIKE 'a%'), not placeholders
+            conditions.append("(" + self.progress.where.replace("%", "%%") + ")")
         if conditions:
             sql += " WHERE " + " AND ".join(conditions)
         sql += f" ORDER BY {keys} LIMIT {self.chunk_rows}"

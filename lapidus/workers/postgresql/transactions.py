@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ...events import Event
-from .decoding import Begin, Change, Commit, format_lsn
+from .decoding import Begin, Change, Commit, RelationChanged, format_lsn
 
 
 class TransactionAssembler:
@@ -66,6 +66,9 @@ class TransactionAssembler:
             self.index += 1
         elif kind is Begin:
             self._begin(message)
+        elif kind is RelationChanged:
+            if not self.replay:
+                self._relation_changed(message, out)
         elif kind is Commit:
             if self.replay:
                 # End of a skipped replay; a transaction left open before it stays open.
@@ -90,6 +93,17 @@ class TransactionAssembler:
         self.tx_xid = begin.xid
         self.tx_ts = begin.ts
         self.index = self.skip = 0
+
+    def _relation_changed(self, change: RelationChanged, out: List[Event]) -> None:
+        """Its own id, outside the change index: the same relation message resent in the
+        same transaction (a pg_recvlogical restart) is no news and yields nothing, so it must
+        not shift the ids of the changes that follow it."""
+        lsn = self.tx_lsn if self.tx_lsn is not None else self.last_lsn
+        position = format_lsn(lsn)
+        out.append(_new_event((f"{self.backend}:{position}:relation:{change.relid}", "schema",
+                               self.backend, change.schema, change.table, None, change.item,
+                               None, position, self.tx_xid, self.tx_ts, None, None, None,
+                               None, None)))
 
     def _untransactional(self, change: Change, out: List[Event]) -> None:
         """A logical message emitted with ``transactional = false`` has no BEGIN/COMMIT."""
