@@ -15,6 +15,7 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
+from tests.integration.conftest import ctl
 from tests.integration.snapshot_helpers import ConcurrentWriter, fold, snapshot_state, until
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -366,3 +367,29 @@ def test_a_table_dropped_during_the_snapshot_is_skipped(sql, open_source):
     assert [e.pk["id"] for e in reads if e.table == "b"] == [1, 2]
     assert 300 <= sum(e.table == "a" for e in reads) < 2000
     assert checkpoint["snapshot"]["done"] and any(e.type == "schema" for e in more)
+
+
+def test_lapidusctl_backfill_of_a_streaming_backend_folds_to_the_table(sql, lapidus_factory):
+    make_table(sql, 20_000)
+    sql.run("CREATE TABLE marks (id INT PRIMARY KEY)", "CREATE TABLE loose (x INT)")
+    proc = lapidus_factory({
+        "backends": [lapidus_backend(NAME, snapshot_chunk_rows=500)],
+        "plugins": {"stdout": {}}})
+    proc.wait_log('"streaming"', 60)          # at the binlog's end: changes from now on stream
+    sql.run("INSERT INTO marks VALUES (1)")
+    until(proc, lambda: any(e["table"] == "marks" for e in proc.events()), 60,
+          "the backend to stream", NAME)
+    writer = Writer(20_000, seed=5)
+    writer.start()
+    try:
+        code, out, err = ctl(proc.config_path, "backfill", NAME, f"{DATABASE}.t", "--wait")
+    finally:
+        writer.stop()
+    assert code == 0, err + proc.log()[-3000:]
+    reads = [e for e in proc.events() if e["id"].startswith(f"{NAME}:read:1:{DATABASE}.t:")]
+    assert f"backfill 1 of {NAME} {DATABASE}.t done: {len(reads)} rows" in out
+    assert writer.done > 100
+    events = wait_sentinel(proc, sql)
+    assert fold(events) == table_content(sql)
+    code, out, err = ctl(proc.config_path, "backfill", NAME, "loose")
+    assert code == 2 and "no primary key" in out + err, out + err
