@@ -9,7 +9,9 @@ open():  connect (one attempt: the worker loop waits out an unreachable server),
          and wait for the server's first answer, so that refusals (purged GTID, missing
          REPLICATION SLAVE) surface here as clear errors.
 read():  returns as soon as it has events (after draining what already arrived, without
-         waiting), or an empty batch at the timeout.  Any failure of the stream raises a
+         waiting), or an empty batch at the timeout.  While a snapshot or backfill runs
+         (docs/snapshots.md, .snapshot), it starts a chunk when asked for more and emits the
+         held rows where the stream reaches the chunk's binlog position.  Any failure of the stream raises a
          non-fatal BackendError: the worker restarts from its checkpoint (never the library's
          reconnect, which replays from where this reader started).
 """
@@ -290,7 +292,7 @@ class MysqlSource(Source):
         self.snapshot = None
         self.snapshot_progress = None
         name = self.backend.name
-        initial = (self.settings_options().get("snapshot") or "never") != "never"
+        initial = (self._options().get("snapshot") or "never") != "never"
         if isinstance(checkpoint, dict) and "snapshot" in checkpoint:
             progress = SnapshotProgress.from_state(checkpoint["snapshot"])
             self.snapshot_progress = progress
@@ -312,7 +314,7 @@ class MysqlSource(Source):
         self._check_snapshots_possible('snapshot = "initial"', fatal=True)
         self._begin_run(progress)
 
-    def settings_options(self) -> dict:
+    def _options(self) -> dict:
         return dict(getattr(self.backend, "options", None) or {})
 
     def _check_snapshots_possible(self, what: str, *, fatal: bool) -> None:
@@ -331,13 +333,13 @@ class MysqlSource(Source):
 
     def _begin_run(self, progress: SnapshotProgress) -> None:
         self.snapshot_progress = progress
-        self.snapshot = MysqlSnapshot(self.backend.name, self.settings_options(),
+        self.snapshot = MysqlSnapshot(self.backend.name, self._options(),
                                       self.settings, self._json_lookup, progress, self.log)
 
     def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
-        if self._conn is None:
-            raise SnapshotRefused(f"{self.settings.describe()}: backfill of \"{table}\": the "
-                                  f"source is not open; it is tried again once it is")
+        if self._conn is None:      # not a refusal: the request stays queued
+            raise BackendError(f"{self.settings.describe()}: backfill of \"{table}\" asked "
+                               f"for while the source is not open; reconnecting")
         try:
             self._check_snapshots_possible("a backfill", fatal=False)
             schema, name = backfill_table(self._conn, self.backend.name, self.scope, table,
