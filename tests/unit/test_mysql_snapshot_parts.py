@@ -74,3 +74,29 @@ def test_rows_map_key_and_item_for_single_and_composite_keys():
     assert single == [({"a": 1}, {"a": 1, "b": "x", "t": "2026-01-01T00:00:00"})]
     pair = RowMapper(columns, ["b", "a"]).rows([[2, "y", None]])
     assert pair == [({"b": "y", "a": 2}, {"a": 2, "b": "y", "t": None})]
+
+
+def test_a_server_without_json_arrayagg_order_by_is_read_row_by_row():
+    import pymysql
+
+    from lapidus.workers.mysql.snapshot import MysqlSnapshot, _Shape
+
+    class Cursor:
+        def __init__(self):
+            self.statements = []
+
+        def execute(self, sql, args=None):
+            self.statements.append(sql)
+            if "JSON_ARRAYAGG" in sql:
+                raise pymysql.err.ProgrammingError(1064, "You have an error in your SQL syntax")
+
+        def fetchall(self):
+            return [(1, "a")]
+
+    shape = _Shape([Column("id", "int", "int"), Column("v", "varchar", "varchar(5)")], ["id"])
+    assert shape.json_list is not None
+    cur = Cursor()
+    sql = "SET STATEMENT max_statement_time=30 FOR SELECT `id`, `v` FROM `d`.`t` ORDER BY `id`"
+    rows = MysqlSnapshot._select(None, cur, shape, sql, ())
+    assert rows == [(1, "a")] and shape.json_list is None       # and so for the next chunks
+    assert cur.statements[-1] == sql

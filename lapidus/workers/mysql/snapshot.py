@@ -51,7 +51,7 @@ Position = Tuple[str, int]
 ER_STATEMENT_TIMEOUT = 1969     # MariaDB: max_statement_time exceeded
 ER_NO_SUCH_TABLE = 1146
 ER_PARSE_ERROR = 1064
-ER_BAD_FIELD = 1054
+ER_NO_SUCH_FUNCTION = 1305
 
 _BASE_TABLES = ("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE "
                 "TABLE_TYPE = 'BASE TABLE' AND TABLE_SCHEMA NOT IN ('mysql', "
@@ -363,9 +363,18 @@ class MysqlSnapshot(SnapshotRun):
         if shape.json_list is not None:
             keys = ", ".join(quote(c.name).replace("%", "%%") for c in shape.key)
             head, _, inner = sql.partition(" FOR ")
-            cur.execute(f"{head} FOR SELECT COUNT(*), JSON_ARRAYAGG(JSON_ARRAY("
-                        f"{shape.json_list}) ORDER BY {keys}) FROM ({inner}) AS lapidus_chunk",
-                        args)
+            try:
+                cur.execute(f"{head} FOR SELECT COUNT(*), JSON_ARRAYAGG(JSON_ARRAY("
+                            f"{shape.json_list}) ORDER BY {keys}) FROM ({inner}) AS "
+                            f"lapidus_chunk", args)
+            except pymysql.err.MySQLError as exc:
+                if not exc.args or exc.args[0] not in (ER_PARSE_ERROR, ER_NO_SUCH_FUNCTION):
+                    raise
+                # a server without JSON_ARRAYAGG(... ORDER BY) (MariaDB before 10.5): row
+                # by row, in the same transaction (an error does not end it)
+                shape.json_list = None
+                cur.execute(sql, args)
+                return cur.fetchall()
             count, text = cur.fetchone()
             if text is not None or not count:
                 return orjson.loads(text) if text else []
