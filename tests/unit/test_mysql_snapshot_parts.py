@@ -100,3 +100,15 @@ def test_a_server_without_json_arrayagg_order_by_is_read_row_by_row():
     rows = MysqlSnapshot._select(None, cur, shape, sql, ())
     assert rows == [(1, "a")] and shape.json_list is None       # and so for the next chunks
     assert cur.statements[-1] == sql
+
+
+def test_the_tuple_key_window_evicts_changed_keys_and_keeps_the_others():
+    from lapidus.workers.mysql.snapshot import _TupleKeyWindow
+    window = _TupleKeyWindow("m", "d", "t", ["b", "a"])
+    window.hold([({"b": "x", "a": i}, {"a": i, "b": "x"}) for i in range(4)], ["x", 3])
+    window.saw("d", "t", "update", {"b": "x", "a": 9}, {"a": 1, "b": "x", "v": 0})   # key moved
+    window.saw("d", "t", "delete", {"b": "x", "a": 2}, None)
+    window.saw("d", "other", "delete", {"b": "x", "a": 0}, None)                    # other table
+    assert [pk["a"] for pk, _ in window.remaining()] == [0, 3] and window.evicted == 2
+    window.saw("d", "t", "truncate", None, None)
+    assert window.remaining() == []

@@ -37,6 +37,7 @@ import pymysql
 from ..base import BackendError
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
+from ..snapshot.window import ChunkWindow
 from ..utctime import utc_seconds_text
 from .connection import describe_error
 from .position import MariadbGtidState
@@ -233,6 +234,19 @@ class _Shape:
             if all(json_safe(c) for c in columns) else None
 
 
+class _TupleKeyWindow(ChunkWindow):
+    """A chunk window whose keys are tuples of the key values.  Keys are only matched
+    inside this process (a held row against a change's ``pk``/``before``, both mapped to
+    the same values), so the JSON text of :func:`~..snapshot.events.pk_text` (what the
+    event id needs) is not needed here; it cost a ``json.dumps`` per held row."""
+
+    def _key(self, pk):
+        try:
+            return tuple([pk[name] for name in self.key_names])
+        except (KeyError, TypeError):
+            return None
+
+
 class MysqlSnapshot(SnapshotRun):
     """One snapshot run of one MariaDB backend: the database half (see the module)."""
 
@@ -245,6 +259,13 @@ class MysqlSnapshot(SnapshotRun):
         self.shapes = {}
         self.position: Optional[Position] = None   # P of the held chunk
         self._gtid_at: Optional[str] = None        # GTID position of P, asked once if idle
+
+    def open_window(self, schema: str, table: str, key_names) -> ChunkWindow:
+        """As :meth:`SnapshotRun.open_window`, with tuple keys (:class:`_TupleKeyWindow`)."""
+        self.chunks += 1
+        mark = f"{self.backend}:{self.progress.n}:{self.nonce}:{self.chunks}"
+        self.window = _TupleKeyWindow(mark, schema, table, key_names)
+        return self.window
 
     # -- the database side ----------------------------------------------------------------
 
