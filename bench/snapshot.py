@@ -1,7 +1,9 @@
-"""Initial snapshot of a PostgreSQL table: Lapidus's read events beside COPY TO STDOUT, same run.
+"""Initial snapshot of a table: Lapidus's read events beside the database's own client, same run.
 
-    .venv/bin/python bench/snapshot.py [--rows 1000000] [--runs 3] [--chunk-rows 5000]
-                                       [--profile DIR] [--timeout 900]
+    .venv/bin/python bench/snapshot.py [--source postgresql|mariadb] [--rows 1000000] [--runs 3]
+                                       [--chunk-rows 5000] [--profile DIR] [--timeout 900]
+
+``--source postgresql`` (the default) is described first; ``--source mariadb`` at the end.
 
 Creates the throw-away database ``lapidus_bench_snapshot`` with one table of ROWS rows
 (``id int PRIMARY KEY, name text, price numeric(12,2), updated_at timestamptz``, from
@@ -24,6 +26,15 @@ With ``--profile DIR`` the workers and the dispatcher write cProfile statistics 
 
 Talks only to the local PostgreSQL (127.0.0.1:5432, user postgres; another port with
 BENCH_PG_PORT=N). The database and its slots are dropped at the end, also after a failure.
+
+``--source mariadb``: the same on the local MariaDB (scripts/setup-local; 127.0.0.1:3306, root
+without password, another port with BENCH_MYSQL_PORT=N), the helpers of the sibling
+mysql_drain.py.  The throw-away database ``lapidus_bench_snapshot`` holds one table of ROWS
+rows (``id INT PRIMARY KEY, name VARCHAR(64), price DECIMAL(12,2), updated_at TIMESTAMP(6)``,
+from the sequence engine's ``seq_1_to_ROWS``, then ``ANALYZE TABLE``); the baseline is
+``mariadb --quick -e "SELECT * FROM t"`` into /dev/null (rows streamed, not buffered, the
+text protocol as Lapidus reads it), Lapidus a ``type = "mysql"`` backend with ``snapshot =
+"initial"`` and a fresh state_dir per run.  The database is dropped at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from pathlib import Path
 import psutil
 
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
+import mysql_drain  # noqa: E402  (the MariaDB helpers of the sibling script)
 
 DB = "lapidus_bench_snapshot"
 BACKEND = "bench"
@@ -159,15 +171,91 @@ def cpu_seconds(supervisor: psutil.Process) -> dict:
     return cpu
 
 
-def run_lapidus(workdir: Path, run: int, rows: int, chunk_rows: int, timeout: float,
+class Postgres:
+    """The PostgreSQL side: table, COPY baseline, backend, clean-up (the default source)."""
+
+    client = "psql COPY TO STDOUT > /dev/null"
+
+    make_table = staticmethod(make_table)
+    run_client = staticmethod(run_copy)
+    drop_database = staticmethod(drop_database)
+
+    @staticmethod
+    def backend(run: int, chunk_rows: int) -> dict:
+        return {"name": BACKEND, "type": "postgresql", "host": PG["host"], "port": PG["port"],
+                "user": PG["user"], "database": DB, "slot": f"lapidus_bench_snapshot_{run}",
+                "decoder": "pgoutput", "snapshot": "initial", "snapshot_chunk_rows": chunk_rows}
+
+    @staticmethod
+    def after_run() -> None:
+        admin = connect()
+        try:
+            drop_slots(admin)
+        finally:
+            admin.close()
+
+
+class Mariadb:
+    """The MariaDB side (``--source mariadb``; see the module docstring)."""
+
+    client = "mariadb --quick SELECT > /dev/null"
+
+    @staticmethod
+    def make_table(rows: int) -> str:
+        conn = mysql_drain.connect()
+        try:
+            q = mysql_drain.query
+            q(conn, f"DROP DATABASE IF EXISTS {DB}")
+            q(conn, f"CREATE DATABASE {DB}")
+            q(conn, f"CREATE TABLE {DB}.t (id INT PRIMARY KEY, name VARCHAR(64), "
+                    f"price DECIMAL(12,2), updated_at TIMESTAMP(6) NULL)")
+            q(conn, "SET time_zone = '+00:00'")
+            q(conn, f"INSERT INTO {DB}.t SELECT seq, CONCAT('item ', seq), seq / 100, "
+                    f"TIMESTAMP'2026-01-01 00:00:00' + INTERVAL seq SECOND "
+                    f"FROM {DB}.seq_1_to_{int(rows)}")
+            q(conn, f"ANALYZE TABLE {DB}.t")
+            size = q(conn, "SELECT DATA_LENGTH + INDEX_LENGTH FROM information_schema.TABLES "
+                           "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 't'", (DB,))[0][0]
+            return f"{int(size) / 1e6:.0f} MB"
+        finally:
+            conn.close()
+
+    @staticmethod
+    def run_client() -> float:
+        argv = ["mariadb", "--quick", "-h", mysql_drain.HOST, "-P", str(mysql_drain.PORT),
+                "-u", mysql_drain.USER, "-D", DB, "-e", "SELECT * FROM t"]
+        started = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - started
+
+    @staticmethod
+    def drop_database() -> None:
+        conn = mysql_drain.connect()
+        try:
+            mysql_drain.query(conn, f"DROP DATABASE IF EXISTS {DB}")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def backend(run: int, chunk_rows: int) -> dict:
+        return {"name": BACKEND, "type": "mysql", "host": mysql_drain.HOST,
+                "port": mysql_drain.PORT, "user": mysql_drain.USER, "password": "",
+                "database": DB, "server_id": mysql_drain.LAPIDUS_SERVER_ID + 10 + run,
+                "snapshot": "initial", "snapshot_chunk_rows": chunk_rows}
+
+    @staticmethod
+    def after_run() -> None:
+        pass
+
+
+SOURCES = {"postgresql": Postgres, "mariadb": Mariadb}
+
+
+def run_lapidus(workdir: Path, source, run: int, rows: int, chunk_rows: int, timeout: float,
                 profile_dir) -> dict:
-    slot = f"lapidus_bench_snapshot_{run}"
     config = {
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
-        "backends": [{"name": BACKEND, "type": "postgresql", "host": PG["host"],
-                      "port": PG["port"], "user": PG["user"], "database": DB, "slot": slot,
-                      "decoder": "pgoutput", "snapshot": "initial",
-                      "snapshot_chunk_rows": chunk_rows}],
+        "backends": [source.backend(run, chunk_rows)],
     }
     path = workdir / "lapidus.json"
     path.write_text(json.dumps(config))
@@ -223,17 +311,14 @@ def run_lapidus(workdir: Path, run: int, rows: int, chunk_rows: int, timeout: fl
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         drain.join(5)
-        admin = connect()
-        try:
-            drop_slots(admin)
-        finally:
-            admin.close()
+        source.after_run()
     return {"elapsed": elapsed, "first": first, "lines": lines, "reads": reads,
             "max_rss": watch.max_rss, "vm_hwm": hwm, "cpu": cpu}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", choices=sorted(SOURCES), default="postgresql")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--chunk-rows", type=int, default=5000,
@@ -245,16 +330,17 @@ def main():
     args = parser.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
+    source = SOURCES[args.source]
     copy_rates, lap_rates, ratios, results = [], [], [], []
     try:
         t0 = time.perf_counter()
-        size = make_table(args.rows)
+        size = source.make_table(args.rows)
         print(f"table t: {args.rows:,} rows, {size}, made in {time.perf_counter() - t0:.1f} s; "
               f"snapshot_chunk_rows = {args.chunk_rows}", flush=True)
         for run in range(args.runs):
-            copy = run_copy()
+            copy = source.run_client()
             with tempfile.TemporaryDirectory(prefix="lapidus-bench-snapshot-") as tmp:
-                lap = run_lapidus(Path(tmp), run, args.rows, args.chunk_rows, args.timeout,
+                lap = run_lapidus(Path(tmp), source, run, args.rows, args.chunk_rows, args.timeout,
                                   args.profile)
             copy_rate, lap_rate = args.rows / copy, args.rows / lap["elapsed"]
             copy_rates.append(copy_rate)
@@ -264,7 +350,7 @@ def main():
             extra = ("" if lap["lines"] == lap["reads"]
                      else f" ({lap['lines'] - lap['reads']:,} other lines)")
             hwm = f"{lap['vm_hwm'] / MIB:.1f} MiB" if lap["vm_hwm"] else "?"
-            print(f"run {run + 1}: COPY {copy_rate:,.0f} rows/s ({copy:.2f} s), "
+            print(f"run {run + 1}: {source.client} {copy_rate:,.0f} rows/s ({copy:.2f} s), "
                   f"lapidus {lap_rate:,.0f} rows/s ({lap['elapsed']:.2f} s, first read event "
                   f"after {lap['first']:.2f} s){extra}, ratio {lap_rate / copy_rate:.3f}; "
                   f"worker peak RSS {lap['max_rss'] / MIB:.1f} MiB polled, VmHWM {hwm}",
@@ -272,15 +358,15 @@ def main():
             print("  CPU seconds: " + ", ".join(f"{name} {value:.2f}" for name, value
                                                 in sorted(lap["cpu"].items())), flush=True)
     finally:
-        drop_database()
+        source.drop_database()
     if not results:
         return
     peak = max(max(r["max_rss"], r["vm_hwm"] or 0) for r in results)
     print(f"median over {args.runs} run(s) of {args.rows:,} rows "
           f"(snapshot_chunk_rows = {args.chunk_rows}):")
-    print(f"  psql COPY TO STDOUT > /dev/null : {statistics.median(copy_rates):,.0f} rows/s")
-    print(f"  lapidus --stdout, read events  : {statistics.median(lap_rates):,.0f} rows/s")
-    print(f"  ratio lapidus / COPY: {statistics.median(ratios):.3f} (per run "
+    print(f"  {source.client:<33}: {statistics.median(copy_rates):,.0f} rows/s")
+    print(f"  {'lapidus --stdout, read events':<33}: {statistics.median(lap_rates):,.0f} rows/s")
+    print(f"  ratio lapidus / client: {statistics.median(ratios):.3f} (per run "
           + " ".join(f"{r:.3f}" for r in ratios) + ")")
     print(f"  worker peak RSS: {peak / MIB:.1f} MiB ({peak / 1e6:.1f} MB), the largest of the "
           f"polled maxima and VmHWM over the runs")

@@ -45,15 +45,16 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("snapshot", Choice("never", "initial"), "`initial`: on the backend's first start "
             "(no checkpoint yet) read every included table and stream its rows as `read` "
             "events, then go on streaming; resumed after a restart, never repeated. Built for "
-            "PostgreSQL (pgoutput) and MongoDB (collections in `_id` chunks) so far; "
-            "docs/snapshots.md.", "never"),
+            "PostgreSQL (pgoutput), MariaDB (or Percona Server; not Oracle MySQL) and MongoDB "
+            "(collections in `_id` chunks); docs/snapshots.md.", "never"),
     Setting("snapshot_chunk_rows", Int(1), "Rows read per snapshot chunk (keyset on the "
             "primary key; `_id` on MongoDB); the worker holds at most one chunk in memory.",
             5000),
     Setting("snapshot_chunk_timeout", Seconds(), "Statement timeout of one chunk's SELECT "
-            "(`maxTimeMS` of its `find` on MongoDB), "
-            "so a chunk never holds locks or a transaction long; a chunk that needs longer "
-            "fails the backend (make `snapshot_chunk_rows` smaller).", 30.0),
+            "(PostgreSQL `statement_timeout`, MariaDB `max_statement_time`, MongoDB "
+            "`maxTimeMS` of its `find`), so a chunk never holds locks or a transaction long; a "
+            "chunk that needs longer fails the backend (make `snapshot_chunk_rows` smaller).",
+            30.0),
 )
 
 _PORT = Int(1, 65535)

@@ -39,11 +39,6 @@ DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, re
 
 def make_source(backend, state_dir: Path, log) -> Source:
     """The Source class for ``backend.type`` (imported lazily: a worker loads only its own)."""
-    if (backend.options.get("snapshot") or "never") != "never" and backend.type not in ("postgresql", "mongo"):
-        raise BackendError(
-            f'backend "{backend.name}": snapshot = "{backend.options["snapshot"]}" is built '
-            f"for PostgreSQL only so far, not for {backend.type} (docs/snapshots.md); set "
-            f'snapshot = "never" for this backend', fatal=True)
     if backend.type == "postgresql":
         from .postgresql.source import PostgresSource
         return PostgresSource(backend, state_dir, log)

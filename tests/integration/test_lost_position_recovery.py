@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from tests.integration.conftest import backend_status, pg_backend
-from tests.integration.test_pg_snapshot import fold, make_table, table_content, until
+from tests.integration.snapshot_helpers import fold, until
+from tests.integration.test_pg_snapshot import make_table, table_content
 
 
 def test_the_recipe_recovers_a_dropped_slot_without_a_gap(pg_db, lapidus_factory, tmp_path):

@@ -27,7 +27,7 @@ from lapidus.workers.base import BackendError
 from lapidus.workers.mongo.bson_json import document_to_json
 from lapidus.workers.snapshot.run import SnapshotRefused
 from tests.conftest import wait_until
-from tests.integration import snapshot_checks
+from tests.integration import snapshot_helpers
 from tests.integration.mongo_fixtures import (Pump, mongo, mongo_process,  # noqa: F401
                                               options_for, sources)
 
@@ -36,7 +36,7 @@ BACKEND = "cms"
 
 def fold(events, collection="docs"):
     """The consumer's copy of the collection: _id (JSON form) -> item."""
-    return snapshot_checks.fold(events, collection, lambda pk: json.dumps(pk["_id"]))
+    return snapshot_helpers.fold(events, collection, lambda pk: json.dumps(pk["_id"]))
 
 
 def content(mongo, collection="docs", where=None):
@@ -47,11 +47,11 @@ def content(mongo, collection="docs", where=None):
 
 def until(proc, predicate, timeout, what):
     # every poll of the status starts a lapidusctl process: not too often on a busy machine
-    return snapshot_checks.until(proc, predicate, timeout, what, BACKEND, interval=0.3)
+    return snapshot_helpers.until(proc, predicate, timeout, what, BACKEND, interval=0.3)
 
 
 def snapshot_state(proc):
-    return snapshot_checks.snapshot_state(proc, BACKEND)
+    return snapshot_helpers.snapshot_state(proc, BACKEND)
 
 
 def fill(mongo, count, collection="docs"):

@@ -13,8 +13,8 @@ import signal
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.test_pg_snapshot import (
-    Writer, fold, make_table, snapshot_state, table_content, until, wait_sentinel)
+from tests.integration.snapshot_helpers import fold, snapshot_state, until
+from tests.integration.test_pg_snapshot import Writer, make_table, table_content, wait_sentinel
 
 
 def streaming(proc, pg_db, **options):

@@ -5,7 +5,7 @@ real supervisor: with the DDL capture (``lapidusctl install-ddl-capture``) and w
 from __future__ import annotations
 
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.test_pg_snapshot import until
+from tests.integration.snapshot_helpers import until
 
 
 def start(lapidus_factory, pg_db):

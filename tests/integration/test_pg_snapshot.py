@@ -1,30 +1,22 @@
 """Initial snapshots on PostgreSQL through the real supervisor (stdout plugin; NATS for the
 backpressure test).
 
-The folding guarantee (docs/snapshots.md): a consumer that applies the events in arrival
-order (read/insert/update -> the row, delete -> gone, truncate -> empty) ends with exactly
-the table's content, whatever is written meanwhile and whatever process is killed.
+The folding guarantee (docs/snapshots.md) is checked with the shared fold and concurrent
+writer of :mod:`tests.integration.snapshot_helpers`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import threading
 
 from tests.conftest import wait_until
-from tests.integration import snapshot_checks
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
+from tests.integration.snapshot_helpers import ConcurrentWriter, fold, snapshot_state, until
 from tests.integration.nats_fixtures import create_stream, private_nats, stream_count
 
 __all__ = ["private_nats"]   # fixture, imported for pytest
-
-
-def fold(events, table="t"):
-    """The consumer's copy of ``public.<table>``: id -> item."""
-    return snapshot_checks.fold(events, table, lambda pk: pk["id"])
 
 
 def table_content(db, table="t"):
@@ -32,57 +24,32 @@ def table_content(db, table="t"):
             for i, v, n in db.sql(f"SELECT id, v, n::text FROM {table}")}
 
 
-class Writer(threading.Thread):
+class Writer(ConcurrentWriter):
     """Random inserts, updates and deletes on ``t`` until stopped (its own connection)."""
 
     def __init__(self, db, top: int, seed: int = 7):
-        super().__init__(daemon=True)
-        self.db, self.top, self.random = db, top, random.Random(seed)
-        self.halt = threading.Event()
-        self.done = 0
-        self.error = None
+        super().__init__(top, seed)
+        self.db = db
 
-    def run(self):
+    def connect(self):
         conn = pg_connect(self.db.name)
         conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                while not self.halt.is_set():
-                    i = self.random.randint(1, self.top)
-                    kind = self.random.random()
-                    if kind < 0.5:
-                        cur.execute("UPDATE t SET v = %s, n = n + 0.01 WHERE id = %s",
-                                    (f"u{self.done}", i))
-                    elif kind < 0.75:
-                        cur.execute("DELETE FROM t WHERE id = %s", (i,))
-                    else:
-                        cur.execute("INSERT INTO t VALUES (%s, %s, 1.10) ON CONFLICT (id) DO "
-                                    "UPDATE SET v = excluded.v", (i + self.top, f"i{self.done}"))
-                    self.done += 1
-        except Exception as exc:   # reported by stop(), not lost in the thread
-            self.error = exc
-        finally:
-            conn.close()
+        return conn
 
-    def stop(self) -> None:
-        """Halt and join; the writer's own failure, if any, fails the test."""
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
+    def write(self, cur, kind, i):
+        if kind == "update":
+            cur.execute("UPDATE t SET v = %s, n = n + 0.01 WHERE id = %s", (f"u{self.done}", i))
+        elif kind == "delete":
+            cur.execute("DELETE FROM t WHERE id = %s", (i,))
+        else:
+            cur.execute("INSERT INTO t VALUES (%s, %s, 1.10) ON CONFLICT (id) DO "
+                        "UPDATE SET v = excluded.v", (i + self.top, f"i{self.done}"))
 
 
 def make_table(db, rows: int):
     db.sql("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2))",
            f"INSERT INTO t SELECT g, 'r' || g, g / 100.0 FROM generate_series(1, {rows}) g",
            "ANALYZE t")
-
-
-def until(proc, predicate, timeout, what):
-    return snapshot_checks.until(proc, predicate, timeout, what, "pg")
-
-
-def snapshot_state(proc):
-    return snapshot_checks.snapshot_state(proc, "pg")
 
 
 def wait_sentinel(proc, db, timeout=60):

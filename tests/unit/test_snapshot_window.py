@@ -90,17 +90,12 @@ def test_read_event_id_is_deterministic_and_names_snapshot_table_and_key():
     assert pk_text(["ü"]) == '["ü"]'
 
 
-def test_mysql_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
+def test_every_source_type_takes_a_snapshot_setting(tmp_path):
     from types import SimpleNamespace
 
-    import pytest
-
-    from lapidus.workers.base import BackendError
+    from lapidus.workers.mongo.source import MongoSource
+    from lapidus.workers.mysql.source import MysqlSource
     from lapidus.workers.runner import make_source
-    for kind in ("mysql",):
+    for kind, cls in (("mysql", MysqlSource), ("mongo", MongoSource)):
         backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
-        with pytest.raises(BackendError) as caught:
-            make_source(backend, tmp_path, None)
-        assert caught.value.fatal
-        assert f'PostgreSQL only so far, not for {kind}' in str(caught.value)
-        assert 'snapshot = "never"' in str(caught.value)
+        assert isinstance(make_source(backend, tmp_path, None), cls)

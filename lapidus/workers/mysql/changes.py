@@ -329,6 +329,10 @@ class ChangeStream:
                           self._file, self._pos, tx, self._taken if tx else -1,
                           self._fingerprint)
 
+    def gtid_state(self):
+        """The GTID state of the complete transactions consumed (None without GTIDs)."""
+        return self._state
+
     @property
     def position(self) -> str:
         """The current position for status: the GTID state, else file:pos."""

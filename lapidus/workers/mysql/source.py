@@ -9,7 +9,9 @@ open():  connect (one attempt: the worker loop waits out an unreachable server),
          and wait for the server's first answer, so that refusals (purged GTID, missing
          REPLICATION SLAVE) surface here as clear errors.
 read():  returns as soon as it has events (after draining what already arrived, without
-         waiting), or an empty batch at the timeout.  Any failure of the stream raises a
+         waiting), or an empty batch at the timeout.  While a snapshot or backfill runs
+         (docs/snapshots.md, .snapshot), it starts a chunk when asked for more and emits the
+         held rows where the stream reaches the chunk's binlog position.  Any failure of the stream raises a
          non-fatal BackendError: the worker restarts from its checkpoint (never the library's
          reconnect, which replays from where this reader started).
 """
@@ -24,18 +26,23 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 import pymysql
 
 from ..base import Batch, BackendError, Source
+from ..snapshot.progress import SnapshotProgress
+from ..snapshot.run import SnapshotRefused
 from .changes import ChangeStream
 from .checks import check_server
 from .connection import (
     ER_MASTER_FATAL_READING_BINLOG, Idle, LinkDead, connect, describe_error, server_id_clash,
 )
-from .position import MARIADB, MYSQL, Checkpoint, CheckpointError, missing_after
+from .position import (
+    MARIADB, MYSQL, Checkpoint, CheckpointError, MariadbGtidState, missing_after,
+)
 from .reader import BinlogReader, StreamEnded
 from .retention import binlog_files, expire_seconds, retention_warning, server_position
 from .scope import (SCOPE_SCHEMAS, SCOPE_TABLES, scope_from, scope_warnings,
                     unmatched_patterns)
 from ..scopewatch import ScopeWatch
 from .settings import settings_from
+from .snapshot import MysqlSnapshot, backfill_table, snapshot_tables
 
 RETENTION_CHECK_EVERY = 60.0
 CHECKPOINT_FILE = "checkpoint.json"      # lapidus.checkpoint.CheckpointStore's default name
@@ -98,6 +105,14 @@ class MysqlSource(Source):
         self._scope_checked = False
         self.scope_watch = ScopeWatch(log)
         self._first_position: Any = None   # the checkpoint of the very first open
+        self._opened_at: Tuple[Optional[str], Optional[int]] = (None, None)
+        self._settled = False
+        # the snapshot's progress (None: no snapshot in this checkpoint's history) and, while
+        # it runs, its driver (docs/snapshots.md)
+        self.snapshot_progress: Optional[SnapshotProgress] = None
+        self.snapshot: Optional[MysqlSnapshot] = None
+        self._json_lookup: Optional[JsonColumnLookup] = None
+        self._snapshot_ignored_logged = False
         if (getattr(backend, "options", None) or {}).get("connect_retry_seconds") is not None:
             self.log.warning("connect_retry_seconds no longer has an effect: an unreachable "
                              "server is retried for ever (reconnect_max_delay caps the wait); "
@@ -137,15 +152,20 @@ class MysqlSource(Source):
             gtid, file, pos = self._current_end(gtid_mode)
         else:
             gtid, file, pos = self._resume_point(resume, gtid_mode)
+        self._json_lookup = JsonColumnLookup(self._conn) if mariadb else None
         self._changes = ChangeStream(
             s.name, self._flavor, self.scope, gtid=gtid, file=file, pos=pos, resume=resume,
-            json_columns=JsonColumnLookup(self._conn) if mariadb else None,
-            describe=s.describe())
+            json_columns=self._json_lookup, describe=s.describe())
         self._reader = BinlogReader(s, mariadb=mariadb, gtid=gtid,
                                     log_file=None if gtid is not None else file,
                                     log_pos=None if gtid is not None else pos,
                                     scope=self.scope)
         self._await_first_answer()
+        # After a GTID start the reader's coordinates lag (the server skips the events
+        # before the GTID without sending them) until an event or heartbeat comes
+        self._opened_at = (self._reader.log_file, self._reader.log_pos)
+        self._settled = False
+        self._prepare_snapshot(checkpoint)
         if self._first_position is None:
             self._first_position = self._changes.checkpoint().to_json()
         self.log.info("mysql stream open", position=self._changes.position,
@@ -260,6 +280,143 @@ class MysqlSource(Source):
         except Exception as exc:
             raise self._stream_error(exc) from exc
 
+    # ------------------------------------------------------------------ snapshots
+
+    def _prepare_snapshot(self, checkpoint: Optional[dict]) -> None:
+        """The snapshot run as of ``checkpoint``: the initial one on a first start, an
+        unfinished one (initial or backfill) resumed from its saved progress, or none.
+        Every open starts again from the confirmed checkpoint's progress (a chunk held or
+        emitted but unconfirmed is read again, with the same ids)."""
+        if self.snapshot is not None:
+            self.snapshot.close()
+        self.snapshot = None
+        self.snapshot_progress = None
+        name = self.backend.name
+        initial = (self._options().get("snapshot") or "never") != "never"
+        if isinstance(checkpoint, dict) and "snapshot" in checkpoint:
+            progress = SnapshotProgress.from_state(checkpoint["snapshot"])
+            self.snapshot_progress = progress
+            if progress.done:
+                return
+            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
+                          last_key=progress.last_key, rows=progress.rows)
+        elif checkpoint is None and initial:
+            progress = SnapshotProgress(0, snapshot_tables(self._conn, name, self.scope))
+            self.log.info("snapshot started", tables=len(progress.tables))
+        else:
+            if initial and not self._snapshot_ignored_logged:
+                self._snapshot_ignored_logged = True
+                self.log.info('snapshot = "initial" has no effect: this backend already has a '
+                              "checkpoint (it streamed before), and the initial snapshot "
+                              "runs only on a first start; re-read a table's rows with "
+                              "lapidusctl backfill")
+            return
+        self._check_snapshots_possible('snapshot = "initial"', fatal=True)
+        self._begin_run(progress)
+
+    def _options(self) -> dict:
+        return dict(getattr(self.backend, "options", None) or {})
+
+    def _check_snapshots_possible(self, what: str, *, fatal: bool) -> None:
+        """Snapshots need MariaDB's (or Percona's) Binlog_snapshot_position: the binlog
+        position consistent with a snapshot, which is how a chunk meets the stream."""
+        rows = self._query("SHOW STATUS LIKE 'binlog_snapshot_position'")
+        if rows:
+            return
+        message = (f"{self.settings.describe()}: {what} needs the binlog position of a "
+                   f"consistent snapshot (status Binlog_snapshot_position), which "
+                   f"{self.settings.address} does not report; snapshots are built for MariaDB "
+                   f"and Percona Server, not Oracle MySQL")
+        if fatal:
+            raise BackendError(message + '; set snapshot = "never"', fatal=True)
+        raise SnapshotRefused(message)
+
+    def _begin_run(self, progress: SnapshotProgress) -> None:
+        self.snapshot_progress = progress
+        self.snapshot = MysqlSnapshot(self.backend.name, self._options(),
+                                      self.settings, self._json_lookup, progress, self.log)
+
+    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+        if self._conn is None:      # not a refusal: the request stays queued
+            raise BackendError(f"{self.settings.describe()}: backfill of \"{table}\" asked "
+                               f"for while the source is not open; reconnecting")
+        try:
+            self._check_snapshots_possible("a backfill", fatal=False)
+            schema, name = backfill_table(self._conn, self.backend.name, self.scope, table,
+                                          where)
+        except pymysql.err.MySQLError as exc:
+            raise self._stream_error(exc) from None
+        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
+        return f"{schema}.{name}"
+
+    def cancel_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.cancel()
+        self.snapshot = None
+
+    def _checkpoint(self) -> dict:
+        state = self._changes.checkpoint().to_json()
+        if self.snapshot_progress is not None:
+            state["snapshot"] = self.snapshot_progress.state()
+        return state
+
+    def _settle_reader_position(self) -> None:
+        """Once per open, before the first chunk: make the reader's coordinates exact.
+
+        After a GTID start MariaDB skips the binlog up to that GTID without sending it, so
+        the reader's offset stays behind until an event or heartbeat arrives, and a chunk of
+        an idle binlog would wait for it.  When the GTID position of the binlog's end is the
+        stream's own state, no transaction lies between: the reader stands at that end."""
+        self._settled = True
+        reader = self._reader
+        if self._flavor != MARIADB or (reader.log_file, reader.log_pos) != self._opened_at:
+            return
+        file, pos = self._master_status()
+        state = self._changes.gtid_state()
+        if file is None or state is None:
+            return
+        at = self._query("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
+        if not at or at[0][0] is None:
+            return
+        seqs = {d: seq for d, (_server, seq) in MariadbGtidState(str(at[0][0])).domains().items()}
+        if seqs == {d: seq for d, (_server, seq) in state.domains().items()}:
+            reader.log_file, reader.log_pos = file, pos
+            self._opened_at = (None, None)      # exact from here on
+
+    def _snapshot_due(self, events: list) -> bool:
+        """At the held chunk's P with nothing pending: its rows go out now (True: the batch
+        ends here, its checkpoint carries the progress)."""
+        snapshot = self.snapshot
+        if snapshot is None or snapshot.window is None or self._changes.pending:
+            return False
+        reader = self._reader
+        if not snapshot.reached(reader.log_file, reader.log_pos):
+            if (reader.log_file, reader.log_pos) == self._opened_at:
+                # coordinates not exact yet: the GTID position of P decides
+                return self._snapshot_idle(events)
+            return False
+        snapshot.emit(events, self._changes.position)
+        return True
+
+    def _snapshot_idle(self, events: list) -> bool:
+        """Nothing more arrived: see :meth:`MysqlSnapshot.reached_when_idle`."""
+        snapshot = self.snapshot
+        if snapshot is None or snapshot.window is None or self._changes.pending \
+                or self._flavor != MARIADB:
+            return False
+        try:
+            state = self._changes.gtid_state()
+            verdict = snapshot.reached_when_idle(self._conn, state)
+        except pymysql.err.MySQLError as exc:
+            raise describe_error(self.settings, exc) from None
+        if verdict is None:
+            return False
+        if verdict:
+            snapshot.emit(events, self._changes.position)
+            return True
+        snapshot.retry_chunk()
+        return False
+
     # ------------------------------------------------------------------ read
 
     def read(self, max_events: int, timeout: float) -> Batch:
@@ -267,6 +424,11 @@ class MysqlSource(Source):
         reader = self._reader
         if changes is None or reader is None:
             raise BackendError(f"{self.settings.describe()}: read() before open()")
+        snapshot = self.snapshot
+        if snapshot is not None and snapshot.progress.done:
+            self.snapshot = snapshot = None     # finished: back to the fast path
+        if snapshot is not None:
+            return self._read_during_snapshot(snapshot, max_events, timeout)
         events = changes.take(max_events)
         deadline = time.monotonic() + timeout
         # With events in hand, only what has already arrived is read: no added waiting.
@@ -288,7 +450,54 @@ class MysqlSource(Source):
         except Exception as exc:
             raise self._stream_error(exc) from exc
         self.scope_watch.seen(events)
-        return Batch(events, changes.checkpoint().to_json())
+        return Batch(events, self._checkpoint())
+
+    def _read_during_snapshot(self, snapshot: MysqlSnapshot, max_events: int,
+                              timeout: float) -> Batch:
+        """:meth:`read` while a snapshot runs: the slower path with evictions and the
+        hand-off at the held chunk's binlog position."""
+        changes, reader = self._changes, self._reader
+        if not self._settled:
+            self._settle_reader_position()
+        if snapshot.wants_chunk():
+            # Only here, when the worker asks for more: sinks that are behind (backpressure)
+            # hold the next chunk back, and a held chunk is never joined by another.
+            snapshot.start_chunk((reader.log_file, reader.log_pos)
+                                 if reader.log_file and reader.log_pos else None)
+        events = self._taken(changes.take(max_events))
+        deadline = time.monotonic() + timeout
+        reader.set_deadline(0.0 if events else deadline)
+        try:
+            while len(events) < max_events:
+                if self._snapshot_due(events):
+                    break       # before any event at or after P (the binlog may be idle)
+                try:
+                    event = reader.fetchone()
+                except Idle:
+                    self._snapshot_idle(events)
+                    break
+                changes.feed(event, reader.log_file, reader.log_pos)
+                if changes.pending:
+                    if not events:
+                        reader.set_deadline(0.0)
+                    events.extend(self._taken(changes.take(max_events - len(events))))
+                elif not events and time.monotonic() >= deadline:
+                    break
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._stream_error(exc) from exc
+        self.scope_watch.seen(events)
+        return Batch(events, self._checkpoint())
+
+    def _taken(self, events: list) -> list:
+        """Changes handed out while a chunk is held evict their keys from it."""
+        snapshot = self.snapshot
+        if snapshot is not None and snapshot.window is not None:
+            saw = snapshot.saw
+            for event in events:
+                saw(event.schema, event.table, event.type, event.pk, event.before)
+        return events
 
     def _stream_error(self, exc: BaseException) -> BackendError:
         s = self.settings
@@ -336,6 +545,8 @@ class MysqlSource(Source):
         if self._reader is not None:
             out["binlog"] = f"{self._reader.log_file}:{self._reader.log_pos}"
         out.update(self._retention())
+        if self.snapshot_progress is not None:
+            out["snapshot"] = self.snapshot_progress.status()
         return out
 
     def _retention(self) -> dict:
@@ -364,6 +575,8 @@ class MysqlSource(Source):
         return self._retention_cache
 
     def close(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
         reader, self._reader = self._reader, None
         conn, self._conn = self._conn, None
         if reader is not None:
