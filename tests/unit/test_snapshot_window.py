@@ -88,14 +88,3 @@ def test_read_event_id_is_deterministic_and_names_snapshot_table_and_key():
     assert e.id == 'shop:read:0:public.items:[1,"x"]'
     assert (e.type, e.before, e.txid, e.pk) == ("read", None, None, {"a": 1, "b": "x"})
     assert pk_text(["ü"]) == '["ü"]'
-
-
-def test_every_source_type_takes_a_snapshot_setting(tmp_path):
-    from types import SimpleNamespace
-
-    from lapidus.workers.mongo.source import MongoSource
-    from lapidus.workers.mysql.source import MysqlSource
-    from lapidus.workers.runner import make_source
-    for kind, cls in (("mysql", MysqlSource), ("mongo", MongoSource)):
-        backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
-        assert isinstance(make_source(backend, tmp_path, None), cls)
