@@ -34,6 +34,7 @@ from ..snapshot import WATERMARK_PREFIX
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRun
 from .catalog import connect
+from .chunkrows import chunk_rows
 from .decoding import Change
 from .errors import query_error
 from .publications import _quote
@@ -261,13 +262,7 @@ class PgSnapshot(SnapshotRun):
 
     @staticmethod
     def _rows(shape: _TableShape, raw) -> List[Tuple[dict, dict]]:
-        names, converters, key_names = shape.names, shape.converters, shape.key_names
-        rows = []
-        for values in raw:
-            item = {name: None if value is None else convert(value)
-                    for name, convert, value in zip(names, converters, values)}
-            rows.append(({name: item[name] for name in key_names}, item))
-        return rows
+        return chunk_rows(raw, shape.names, shape.converters, shape.key_index)
 
     # -- the stream side ------------------------------------------------------------------
 

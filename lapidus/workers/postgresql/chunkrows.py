@@ -1,0 +1,55 @@
+"""A snapshot chunk's rows, from PostgreSQL's text form to ``(pk, item)``, column by column.
+
+Runs in the PostgreSQL worker process, once per chunk (:meth:`.snapshot.PgSnapshot.start_chunk`).
+The values are exactly those of the decoders: each column goes through its type's converter
+(:mod:`.types`), NULL stays ``None``.  What this module adds is *how*: the chunk is turned
+into columns (one C-level transpose), a column whose converter is the identity for text
+(``text``, ``varchar``, ``numeric``, enums ...) is not touched at all, the others are mapped
+in one pass each, and the rows' dicts are built from the columns without a Python-level loop
+per value.  Per value, only the converters that do something are called.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from .types import to_numeric, to_text
+
+#: converters that return their text input unchanged (to_numeric: a ``str`` is its exact
+#: digits; the snapshot hands converters only ``str``)
+IDENTITY_FOR_TEXT = frozenset({to_text, to_numeric})
+
+
+def convert_columns(raw: Sequence[Sequence[Any]],
+                    converters: Sequence[Callable[[Any], Any]]) -> List[Sequence[Any]]:
+    """The chunk's columns (``raw`` is its rows of text or ``None``), each converted."""
+    columns: List[Sequence[Any]] = list(zip(*raw))
+    for index, convert in enumerate(converters):
+        if convert in IDENTITY_FOR_TEXT:
+            continue
+        column = columns[index]
+        if None in column:
+            columns[index] = [None if value is None else convert(value) for value in column]
+        else:
+            columns[index] = list(map(convert, column))
+    return columns
+
+
+def chunk_rows(raw: Sequence[Sequence[Any]], names: Sequence[str],
+               converters: Sequence[Callable[[Any], Any]],
+               key_index: Sequence[int]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """``(pk, item)`` per row of ``raw``, in its order: ``item`` the whole row by column
+    name, ``pk`` the key columns (``key_index`` into ``names``, in key order)."""
+    if not raw:
+        return []
+    columns = convert_columns(raw, converters)
+    items = list(map(dict, map(partial(zip, names), zip(*columns))))
+    if len(key_index) == 1:
+        name = names[key_index[0]]
+        pks = [{name: value} for value in columns[key_index[0]]]
+    else:
+        key_names = [names[i] for i in key_index]
+        pks = list(map(dict, map(partial(zip, key_names),
+                                 zip(*[columns[i] for i in key_index]))))
+    return list(zip(pks, items))

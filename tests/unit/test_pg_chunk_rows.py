@@ -1,0 +1,51 @@
+"""chunkrows: a snapshot chunk converted column by column gives exactly the values of the
+decoders' per-value conversion (the rule it replaced), NULLs and key order included."""
+
+from __future__ import annotations
+
+from lapidus.workers.postgresql.chunkrows import IDENTITY_FOR_TEXT, chunk_rows
+from lapidus.workers.postgresql.types import TypeMap
+
+# int4, text, numeric, bool, bytea, timestamptz, jsonb, int4[], text[], float8, an unknown OID
+OIDS = [23, 25, 1700, 16, 17, 1184, 3802, 1007, 1009, 701, 999999]
+NAMES = ["id", "t", "n", "b", "raw", "at", "doc", "ints", "texts", "f", "odd"]
+RAW = [
+    ("1", "a", "1.50", "t", "\\x00ff", "2026-01-01 00:00:00+00", '{"a": 1.0}', "{1,NULL}",
+     '{"x y",NULL,""}', "NaN", "(1,2)"),
+    ("2", None, None, None, None, None, None, None, None, None, None),
+    ("3", "", "-0.00", "f", "\\x", "2026-01-01 05:30:00.5+05:30", "[]", "{}", "{}", "1e300",
+     ""),
+]
+
+
+def reference(raw, names, converters, key_names):
+    """The per-value conversion snapshots used before (and the decoders use)."""
+    rows = []
+    for values in raw:
+        item = {name: None if value is None else convert(value)
+                for name, convert, value in zip(names, converters, values)}
+        rows.append(({name: item[name] for name in key_names}, item))
+    return rows
+
+
+def test_columns_convert_exactly_like_values_and_nulls_stay_none():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    got = chunk_rows(RAW, NAMES, converters, [0])
+    want = reference(RAW, NAMES, converters, ["id"])
+    assert got == want
+    assert [type(v) for v in got[0][1].values()] == [type(v) for v in want[0][1].values()]
+    assert list(got[0][1]) == NAMES and got[1][1]["t"] is None
+    assert got[0][1]["at"] == "2026-01-01T00:00:00Z" and got[2][1]["at"] == "2026-01-01T00:00:00.5Z"
+
+
+def test_a_composite_key_is_in_key_order_not_column_order():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    got = chunk_rows(RAW, NAMES, converters, [1, 0])
+    assert got == reference(RAW, NAMES, converters, ["t", "id"])
+    assert list(got[0][0]) == ["t", "id"] and got[0][0] == {"t": "a", "id": 1}
+
+
+def test_text_columns_are_not_touched_and_an_empty_chunk_is_empty():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    assert {converters[1], converters[2], converters[10]} <= IDENTITY_FOR_TEXT
+    assert chunk_rows([], NAMES, converters, [0]) == []
