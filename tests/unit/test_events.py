@@ -188,16 +188,18 @@ def _read(i, **overrides):
     [{}, {}, {}],                                           # one run: the pieces are reused
     [{}, {"position": "0/2"}, {"ts": None}, {"table": "other"}, {"backend": 'a"b'}],
     [{"before": {"id": 1}}, {"prefix": "p", "content": "c"}, {"unchanged": ["x"]}, {}],
-    [{"pk": None}, {"item": None}, {"pk": {}}, {"id": "é\u2028"}],
+    [{"pk": None}, {"item": None}, {"pk": {}}, {"id": "é\u2028"}, {"pk": {"id": None}},
+     {"pk": {"id": -2 ** 63}}, {"pk": {"id": True}}, {"pk": {"id": "k"}}, {"pk": {"a": 1.5}}],
 ])
 def test_read_events_encode_to_exactly_the_bytes_of_encode(changes):
     from lapidus.events import record_fields
+    from lapidus.events import batch_fields
     events = [_read(i, **change) for i, change in enumerate(changes)]
-    for event in events:
-        fields = record_fields(event)
-        assert fields[-1] == encode(event)
-        assert fields[:-1] == (event.id, "read", event.schema, event.table,
-                               key_values(event.pk), event.position)
+    events += [make_event(), make_event(type="delete", pk={"id": "x"}), _read(99)]
+    want = [(e.id, e.type, e.schema, e.table, key_values(e.pk), e.position, encode(e))
+            for e in events]
+    assert [record_fields(e) for e in events] == want
+    assert batch_fields(events) == want
 
 
 def test_other_events_after_a_read_event_still_encode_as_their_own():
