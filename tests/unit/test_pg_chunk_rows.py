@@ -49,3 +49,14 @@ def test_text_columns_are_not_touched_and_an_empty_chunk_is_empty():
     converters = [TypeMap().converter(oid) for oid in OIDS]
     assert {converters[1], converters[2], converters[10]} <= IDENTITY_FOR_TEXT
     assert chunk_rows([], NAMES, converters, [0]) == []
+
+
+def test_a_timestamptz_column_converts_like_the_converter_for_every_form():
+    from lapidus.workers.postgresql.chunkrows import _timestamptz_column
+    from lapidus.workers.postgresql.types import to_timestamptz
+    values = ["2026-01-01 00:00:00+00", "2026-01-01 00:00:00.123456+00", "infinity",
+              "-infinity", "0044-03-15 12:00:00+00 BC", "10000-01-01 05:29:59+05:30",
+              "2026-06-01 12:00:00-07", "1900-01-01 00:00:00+00:19:32", "12345-01-01 00:00:00+00",
+              "2026-01-01 00:00:00 UTC", None]
+    assert _timestamptz_column(values) == [None if v is None else to_timestamptz(v)
+                                           for v in values]
