@@ -181,12 +181,12 @@ def batch_fields(events: Sequence[Event]) -> list:
         pk = event[5]
         key = None
         if pk.__class__ is dict and len(pk) == 1:
-            for value in pk.values():
-                kind = value.__class__
-                if kind is str:
-                    key = (value,)
-                elif kind is int:
-                    key = (str(value),)
+            values = tuple(pk.values())     # key_values' result for a text key, in C
+            kind = values[0].__class__
+            if kind is str:
+                key = values
+            elif kind is int:
+                key = (str(values[0]),)
         if key is None:
             key = key_values(pk)
         append((event[0], "read", event[3], event[4], key, event[8],

@@ -60,3 +60,15 @@ def test_a_timestamptz_column_converts_like_the_converter_for_every_form():
               "2026-01-01 00:00:00 UTC", None]
     assert _timestamptz_column(values) == [None if v is None else to_timestamptz(v)
                                            for v in values]
+
+
+def test_any_column_name_is_a_key_and_never_code_and_wide_tables_work():
+    names = ["v1", "v0", "a'b\"c\\", "__import__('os').getcwd()", "x\ny", "ü €", "", "for",
+             "{v0}"] + [f"c{i}" for i in range(300)]
+    raw = [tuple(f"{r}.{i}" for i in range(len(names))) for r in range(3)]
+    converters = [TypeMap().converter(25)] * len(names)
+    got = chunk_rows(raw, names, converters, [2, 0])
+    assert got == reference(raw, names, converters, ["a'b\"c\\", "v1"])
+    assert list(got[0][1]) == names and got[1][1]["{v0}"] == "1.8"
+    assert chunk_rows([("1",), ("2",)], ["id"], [int], [0]) == [({"id": 1}, {"id": 1}),
+                                                                ({"id": 2}, {"id": 2})]
