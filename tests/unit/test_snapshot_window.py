@@ -124,6 +124,16 @@ def test_read_event_ids_keep_their_exact_text(pk, text):
     assert event == e
     w.saw("public", "items", "delete", dict(pk), None)
     assert w.remaining() == []
+    # PostgreSQL's chunk rows come with their text (chunkrows): the same key, the same id
+    from lapidus.workers.postgresql.chunkrows import chunk_rows
+    raw = [tuple(str(v) if v.__class__ is int else v for v in pk.values())]
+    if all(v.__class__ in (int, str) for v in pk.values()):
+        converters = [int if v.__class__ is int else str for v in pk.values()]
+        keyed = chunk_rows(raw, list(pk), converters, list(range(len(pk))))
+        w.hold_keyed(keyed, None)
+        assert read_events("shop", 3, "public", "items", w.remaining_keyed(), "0/1", None) == [e]
+        w.saw("public", "items", "update", {"other": 1}, dict(pk))     # the old key goes
+        assert w.remaining() == [] and w.evicted == 2
 
 
 def test_pk_text_of_any_string_is_the_stdlib_text():

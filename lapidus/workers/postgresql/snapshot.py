@@ -234,8 +234,8 @@ class PgSnapshot(SnapshotRun):
             self.close()
             raise query_error(exc, self.options, self.backend,
                               f"reading a snapshot chunk of {where}") from None
-        window.hold(self._rows(shape, raw),
-                    [raw[-1][i] for i in shape.key_index] if raw else None)
+        window.hold_keyed(self._rows(shape, raw),
+                          [raw[-1][i] for i in shape.key_index] if raw else None)
 
     def _skip_dropped(self, schema: str, table: str) -> None:
         self.shapes.pop((schema, table), None)
@@ -261,7 +261,7 @@ class PgSnapshot(SnapshotRun):
         return sql, args
 
     @staticmethod
-    def _rows(shape: _TableShape, raw) -> List[Tuple[dict, dict]]:
+    def _rows(shape: _TableShape, raw) -> List[Tuple[str, Tuple[dict, dict]]]:
         return chunk_rows(raw, shape.names, shape.converters, shape.key_index)
 
     # -- the stream side ------------------------------------------------------------------

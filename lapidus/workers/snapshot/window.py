@@ -65,6 +65,15 @@ class ChunkWindow:
         self.selected = len(rows)
         self.last_key = last_key
 
+    def hold_keyed(self, rows: Sequence[Tuple[str, Row]], last_key: Optional[List[Any]]) -> None:
+        """:meth:`hold` for rows that come with their key text, ``(pk text, (pk, item))``:
+        a source that computes the text while it builds the rows (PostgreSQL's
+        :mod:`...postgresql.chunkrows`) saves the pass over them.  The text must be
+        :func:`.events.pk_text` of the key values, or changes would not evict the row."""
+        self.rows = dict(rows)
+        self.selected = len(rows)
+        self.last_key = last_key
+
     def _key(self, pk) -> Optional[str]:
         try:
             return pk_text([pk[name] for name in self.key_names])
