@@ -23,7 +23,8 @@ With ``--profile DIR`` the workers and the dispatcher write cProfile statistics 
 (``LAPIDUS_PROFILE_DIR``; cProfile slows Python code down, so do not compare those rates).
 
 Talks only to the local PostgreSQL (127.0.0.1:5432, user postgres; another port with
-BENCH_PG_PORT=N). The database and its slots are dropped at the end, also after a failure.
+BENCH_PG_PORT=N; another database, and slots named after it, with BENCH_SNAPSHOT_DB=NAME).
+The database and its slots are dropped at the end, also after a failure.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ import psutil
 
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 
-DB = "lapidus_bench_snapshot"
+# BENCH_SNAPSHOT_DB=NAME: another throw-away database, so that two runs on one server (two
+# checkouts compared, or two people) do not drop each other's
+DB = os.environ.get("BENCH_SNAPSHOT_DB", "lapidus_bench_snapshot")
 BACKEND = "bench"
 WORKER_NAME = f"lapidus:{BACKEND}"[:15]   # the kernel keeps 15 bytes of a process name
 MIB = 2 ** 20
@@ -161,7 +164,7 @@ def cpu_seconds(supervisor: psutil.Process) -> dict:
 
 def run_lapidus(workdir: Path, run: int, rows: int, chunk_rows: int, timeout: float,
                 profile_dir) -> dict:
-    slot = f"lapidus_bench_snapshot_{run}"
+    slot = f"{DB}_{run}"   # slot names are the whole server's
     config = {
         "state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
         "backends": [{"name": BACKEND, "type": "postgresql", "host": PG["host"],
