@@ -208,11 +208,10 @@ class _ReadPieces:
     ``"key":value`` without spaces, so the join is byte for byte what :func:`encode` gives
     (tests/unit/test_events.py compares them); a field that differs starts a new run.
 
-    Also faster for a reason of the allocator: orjson returns each result in a buffer first
-    sized 1 KiB and then shrunk; a batch of such results kept alive until it is pickled
-    grows glibc's heap by 1 KiB each, and freeing the batch gives the memory back to the
-    kernel, so every batch faults its pages in again (about 2.8 us per kept result, measured;
-    0.08 us when the heap is not trimmed).  Here orjson's results are short-lived and the
+    Also faster for a reason of the allocator: orjson's results come from glibc with room to
+    spare (shrunk at the end, as it seems); a batch of them kept alive until it is pickled
+    grows the heap, and freeing the batch trims it back, so every batch faults its pages in
+    again (measured in docs/benchmarks.md, Snapshot).  Here orjson's results are short-lived and the
     kept bytes are the join's, small and from Python's own allocator.
 
     One per process (the worker's); the worker loop is single-threaded.

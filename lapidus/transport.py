@@ -37,10 +37,9 @@ def pack_batch(seq: int, records: list) -> bytes:
 
     A batch is thousands of small strings and bytes, none of them shared and nothing
     referring to itself: the memo (a dict entry and a PUT for every object, so that a second
-    reference can point back) is pure cost there, about three quarters of the pickling time
-    (1.8 against 0.4 us per record of a snapshot chunk) and a third of the unpickling; the
-    frame is a few percent larger, as a string that repeats (``"read"``, the table) is
-    written again.  The unpickler reads it like any other pickle.  Not for payloads that
+    reference can point back) is pure cost there, most of the pickling time and a good part
+    of the unpickling (docs/benchmarks.md, Snapshot); the frame is a few percent larger, as
+    a string that repeats (``"read"``, the table) is written again.  The unpickler reads it like any other pickle.  Not for payloads that
     could refer to themselves: fast mode would recurse without end.
     """
     buffer = io.BytesIO()
