@@ -39,8 +39,9 @@ def pack_batch(seq: int, records: list) -> bytes:
     referring to itself: the memo (a dict entry and a PUT for every object, so that a second
     reference can point back) is pure cost there, most of the pickling time and a good part
     of the unpickling (docs/benchmarks.md, Snapshot); the frame is a few percent larger, as
-    a string that repeats (``"read"``, the table) is written again.  The unpickler reads it like any other pickle.  Not for payloads that
-    could refer to themselves: fast mode would recurse without end.
+    a string that repeats (``"read"``, the table) is written again.  The unpickler reads it
+    like any other pickle.  Not for payloads that could refer to themselves: fast mode would
+    recurse without end.  Runs in the worker process.
     """
     buffer = io.BytesIO()
     buffer.write(bytes(HEADER.size))        # the header, once the length is known

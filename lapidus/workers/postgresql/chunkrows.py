@@ -77,8 +77,8 @@ def _builder(names: Tuple[str, ...], key_index: Tuple[int, ...], int_key: bool):
 
     Why generated code: a dict display with constant keys is built by one opcode, several
     times faster than ``dict(zip(names, row))`` (figures in docs/benchmarks.md, Snapshot).
-    The names are inserted with ``repr``, which writes any string as
-    the literal of exactly that string, so a column name cannot become code.  A one-column
+    The names are inserted with ``repr``, which writes any string as the literal of exactly
+    that string, so a column name cannot become code.  A one-column
     key converted by ``int`` (a key column is never NULL) has the text ``[<int>]``, which
     is what :func:`pk_text` gives for it; any other key calls :func:`pk_text`.  Cached per
     table shape, in the worker process.

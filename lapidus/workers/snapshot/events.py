@@ -5,9 +5,9 @@ numbers the snapshot (0 for the initial one, so that a later backfill's events a
 for duplicates by JetStream's dedup window), ``pk text`` the key values as compact JSON in key
 order.  A chunk read again after a crash yields the same ids.
 
-The key text is computed once per row (:meth:`..window.ChunkWindow.hold` keys the held rows by
-it, and the id reuses it), so :func:`pk_text` and :func:`read_events` are on the per-row path
-of a snapshot.
+The key text is computed once per row (the window keys the held rows by it, and the id reuses
+it: :meth:`..window.ChunkWindow.remaining_keyed`, :func:`read_events`), so :func:`pk_text` and
+:func:`read_events` are on the per-row path of a snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import orjson
 
 from ...events import Event
 
-_new_event = tuple.__new__      # Event(*fields) without the keyword handling: ~3x faster
+# Event(...) without the keyword handling of a named tuple's constructor: every field given
+_new_event = tuple.__new__
 
 
 def _stdlib_text(values: Sequence[Any]) -> str:
@@ -54,13 +55,9 @@ def pk_text(values: Sequence[Any]) -> str:
 
 
 def read_event(backend: str, n: int, schema: str, table: str, pk: Mapping[str, Any],
-               item: Mapping[str, Any], position: str, ts: str,
-               key_text: Optional[str] = None) -> Event:
-    """One snapshot row: full ``item``, ``pk``, ``before = null``, no transaction.
-    ``key_text`` is ``pk_text`` of ``pk``'s values when the caller has it already."""
-    if key_text is None:
-        key_text = pk_text(list(pk.values()))
-    return Event(id=f"{backend}:read:{n}:{schema}.{table}:{key_text}",
+               item: Mapping[str, Any], position: str, ts: str) -> Event:
+    """One snapshot row: full ``item``, ``pk``, ``before = null``, no transaction."""
+    return Event(id=f"{backend}:read:{n}:{schema}.{table}:{pk_text(list(pk.values()))}",
                  type="read", backend=backend, schema=schema, table=table, pk=dict(pk),
                  item=item, before=None, position=position, txid=None, ts=ts)
 
