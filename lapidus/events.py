@@ -165,15 +165,19 @@ def batch_fields(events: Sequence[Event]) -> list:
     One loop for the batch, so that a snapshot chunk's ``read`` events (thousands in a row)
     take a path of their own without a function call per event: they are encoded from the
     constant pieces of their run (:class:`_ReadPieces`), byte for byte what :func:`encode`
-    gives, and a one-column key becomes its text without :func:`key_values`' loop.
+    gives, and a one-column key becomes its text without :func:`key_values`' loop.  Other
+    events are :func:`encode`'s bytes, copied.  Runs in the worker process.
     """
     out = []
     append = out.append
     dumps, join, pieces = orjson.dumps, b"".join, _read_pieces
     for event in events:
         if event[1] != "read":
+            # a copy of orjson's result, which then is dropped at once: a batch of kept
+            # orjson results makes the heap grow and shrink with every batch (see
+            # _ReadPieces), the copies do not
             append((event[0], event[1], event[3], event[4], key_values(event[5]), event[8],
-                    encode(event)))
+                    bytes(memoryview(encode(event)))))
             continue
         shared = event[1:5] + event[7:]        # all fields but id, pk, item
         if shared != pieces.shared:
