@@ -25,7 +25,8 @@ With ``--profile DIR`` the workers and the dispatcher write cProfile statistics 
 (``LAPIDUS_PROFILE_DIR``; cProfile slows Python code down, so do not compare those rates).
 
 Talks only to the local PostgreSQL (127.0.0.1:5432, user postgres; another port with
-BENCH_PG_PORT=N). The database and its slots are dropped at the end, also after a failure.
+BENCH_PG_PORT=N; another database, and slots named after it, with BENCH_SNAPSHOT_DB=NAME).
+The database and its slots are dropped at the end, also after a failure.
 
 ``--source mariadb``: the same on the local MariaDB (scripts/setup-local; 127.0.0.1:3306, root
 without password, another port with BENCH_MYSQL_PORT=N), the helpers of the sibling
@@ -57,7 +58,9 @@ import psutil
 from pg_drain import PG, connect, sql  # noqa: E402  (the sibling script: same server helpers)
 import mysql_drain  # noqa: E402  (the MariaDB helpers of the sibling script)
 
-DB = "lapidus_bench_snapshot"
+# BENCH_SNAPSHOT_DB=NAME: another throw-away database, so that two runs on one server (two
+# checkouts compared, or two people) do not drop each other's
+DB = os.environ.get("BENCH_SNAPSHOT_DB", "lapidus_bench_snapshot")
 BACKEND = "bench"
 WORKER_NAME = f"lapidus:{BACKEND}"[:15]   # the kernel keeps 15 bytes of a process name
 MIB = 2 ** 20
@@ -183,7 +186,7 @@ class Postgres:
     @staticmethod
     def backend(run: int, chunk_rows: int) -> dict:
         return {"name": BACKEND, "type": "postgresql", "host": PG["host"], "port": PG["port"],
-                "user": PG["user"], "database": DB, "slot": f"lapidus_bench_snapshot_{run}",
+                "user": PG["user"], "database": DB, "slot": f"{DB}_{run}",   # slot names are the whole server's
                 "decoder": "pgoutput", "snapshot": "initial", "snapshot_chunk_rows": chunk_rows}
 
     @staticmethod

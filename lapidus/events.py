@@ -156,5 +156,91 @@ def to_record(event: Event) -> Record:
 def record_fields(event: Event) -> tuple:
     """The fields of :func:`to_record` as a plain tuple: what workers send over the wire
     (plain tuples pickle about 6x faster than named tuples); ``Record._make`` rebuilds it."""
-    return (event.id, event.type, event.schema, event.table, key_values(event.pk),
-            event.position, encode(event))
+    return batch_fields((event,))[0]
+
+
+def batch_fields(events: Sequence[Event]) -> list:
+    """``[record_fields(e) for e in events]``: what the worker loop sends for a batch.
+
+    One loop for the batch, so that a snapshot chunk's ``read`` events (thousands in a row)
+    take a path of their own without a function call per event: they are encoded from the
+    constant pieces of their run (:class:`_ReadPieces`), byte for byte what :func:`encode`
+    gives, and a one-column key becomes its text without :func:`key_values`' loop.  Other
+    events are :func:`encode`'s bytes, copied.  Runs in the worker process.
+    """
+    out = []
+    append = out.append
+    dumps, join, pieces = orjson.dumps, b"".join, _read_pieces
+    for event in events:
+        if event[1] != "read":
+            # a copy of orjson's result, which then is dropped at once: a batch of kept
+            # orjson results makes the heap grow and shrink with every batch (see
+            # _ReadPieces), the copies do not
+            append((event[0], event[1], event[3], event[4], key_values(event[5]), event[8],
+                    bytes(memoryview(encode(event)))))
+            continue
+        shared = event[1:5] + event[7:]        # all fields but id, pk, item
+        if shared != pieces.shared:
+            pieces.cut(shared, event)
+        pk = event[5]
+        key = None
+        if pk.__class__ is dict and len(pk) == 1:
+            values = tuple(pk.values())     # key_values' result for a text key, in C
+            kind = values[0].__class__
+            if kind is str:
+                key = values
+            elif kind is int:
+                key = (str(values[0]),)
+        if key is None:
+            key = key_values(pk)
+        append((event[0], "read", event[3], event[4], key, event[8],
+                join((b'{"id":', dumps(event[0]), pieces.head, dumps(pk, default=_default),
+                      pieces.middle, dumps(event[6], default=_default), pieces.tail))))
+    return out
+
+
+class _ReadPieces:
+    """The constant pieces of the JSON of a run of snapshot ``read`` events (:func:`batch_fields`).
+
+    The events of one chunk differ only in ``id``, ``pk`` and ``item``; every other field
+    (type, backend, table, position, ts, the absent optional fields) is the same.  For the
+    first event of a run the encoded JSON object is cut into its constant pieces: ``head``
+    (the members between ``id`` and ``pk``'s value), ``middle`` (between ``pk`` and ``item``)
+    and ``tail`` (the members after ``item``, the closing brace).  Each next event whose
+    other fields equal the run's is those pieces joined with orjson's encoding of its three
+    own values.  orjson writes an object as ``{`` members joined by ``,`` ``}``, each member
+    ``"key":value`` without spaces, so the join is byte for byte what :func:`encode` gives
+    (tests/unit/test_events.py compares them); a field that differs starts a new run.
+
+    Also faster for a reason of the allocator: orjson's results come from glibc with room to
+    spare (shrunk at the end, as it seems); a batch of them kept alive until it is pickled
+    grows the heap, and freeing the batch trims it back, so every batch faults its pages in
+    again (measured in docs/benchmarks.md, Snapshot).  Here orjson's results are short-lived
+    and the kept bytes are the join's, small and from Python's own allocator.
+
+    One per process (the worker's); the worker loop is single-threaded.
+    """
+
+    __slots__ = ("shared", "head", "middle", "tail")
+
+    def __init__(self):
+        self.shared: Optional[tuple] = None
+        self.head = self.middle = self.tail = b""
+
+    def cut(self, shared: tuple, event: Event) -> None:
+        obj = event_object(event)
+        keys = list(obj)
+        if keys[:1] != ["id"] or keys[5:7] != ["pk", "item"]:
+            raise ValueError(f"unexpected event object keys {keys}")
+
+        def members(names):
+            return b"".join(b"," + orjson.dumps(name) + b":"
+                            + orjson.dumps(obj[name], default=_default) for name in names)
+
+        self.head = members(keys[1:5]) + b',"pk":'
+        self.middle = b',"item":'
+        self.tail = members(keys[7:]) + b"}"
+        self.shared = shared
+
+
+_read_pieces = _ReadPieces()

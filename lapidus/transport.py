@@ -15,6 +15,7 @@ of the same service user; the socket lives in a 0700 directory.
 
 from __future__ import annotations
 
+import io
 import pickle
 import select
 import socket
@@ -29,6 +30,26 @@ HELLO, BATCH, ACK = 1, 2, 3
 def pack(kind: int, payload: Any) -> bytes:
     body = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(body), kind) + body
+
+
+def pack_batch(seq: int, records: list) -> bytes:
+    """``pack(BATCH, (seq, records))``, pickled without the memo (the pickler's fast mode).
+
+    A batch is thousands of small strings and bytes, none of them shared and nothing
+    referring to itself: the memo (a dict entry and a PUT for every object, so that a second
+    reference can point back) is pure cost there, most of the pickling time and a good part
+    of the unpickling (docs/benchmarks.md, Snapshot); the frame is a few percent larger, as
+    a string that repeats (``"read"``, the table) is written again.  The unpickler reads it
+    like any other pickle.  Not for payloads that could refer to themselves: fast mode would
+    recurse without end.  Runs in the worker process.
+    """
+    buffer = io.BytesIO()
+    buffer.write(bytes(HEADER.size))        # the header, once the length is known
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True
+    pickler.dump((seq, records))
+    HEADER.pack_into(buffer.getbuffer(), 0, buffer.tell() - HEADER.size, BATCH)
+    return buffer.getvalue()
 
 
 def unpack_from(buffer: bytearray) -> Tuple[List[Tuple[int, Any]], int]:
@@ -76,7 +97,7 @@ class DispatcherLink:
 
     def send_batch(self, seq: int, records: list) -> None:
         try:
-            self.sock.sendall(pack(BATCH, (seq, records)))
+            self.sock.sendall(pack_batch(seq, records))
         except OSError as exc:
             raise LinkLost(f"dispatcher connection lost: {exc}") from None
 

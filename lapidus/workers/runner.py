@@ -23,7 +23,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from .. import exitcodes, logs
 from ..checkpoint import CheckpointStore
-from ..events import record_fields
+from ..events import batch_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Source
@@ -207,7 +207,7 @@ class WorkerLoop:
                 if batch.checkpoint is not None:
                     if batch.events:
                         self.seq += 1
-                        link.send_batch(self.seq, [record_fields(e) for e in batch.events])
+                        link.send_batch(self.seq, batch_fields(batch.events))
                         self.events_sent += len(batch.events)
                         self._count(batch.events)
                         self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))

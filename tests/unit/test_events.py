@@ -169,3 +169,42 @@ def test_to_record_of_keyless_event_has_no_key():
     record = to_record(make_event(type="truncate", pk=None, item=None))
     assert record.key is None
     assert json.loads(record.data)["pk"] is None
+
+
+# -- read events: the fast encoder gives encode()'s bytes ----------------------------------
+
+def _read(i, **overrides):
+    fields = dict(id=f'shop:read:0:public.items:[{i},"ü"]', type="read", backend="shop",
+                  schema="public", table="items", pk={"id": i, "name": "ü"},
+                  item={"id": i, "name": "ü \"q\" \\ \n\t\x01", "doc": {"n": decimal.Decimal(
+                      "12345678901234567890.000000001")}, "raw": b"\x00\xff", "none": None,
+                      "floats": [1.5, 1e300], "big": 2 ** 63 - 1},
+                  before=None, position="0/16B3748", txid=None, ts="2026-12-01T00:00:00.000Z")
+    fields.update(overrides)
+    return Event(**fields)
+
+
+@pytest.mark.parametrize("changes", [
+    [{}, {}, {}],                                           # one run: the pieces are reused
+    [{}, {"position": "0/2"}, {"ts": None}, {"table": "other"}, {"backend": 'a"b'}],
+    [{"before": {"id": 1}}, {"prefix": "p", "content": "c"}, {"unchanged": ["x"]}, {}],
+    [{"pk": None}, {"item": None}, {"pk": {}}, {"id": "é\u2028"}, {"pk": {"id": None}},
+     {"pk": {"id": -2 ** 63}}, {"pk": {"id": True}}, {"pk": {"id": "k"}}, {"pk": {"a": 1.5}}],
+])
+def test_read_events_encode_to_exactly_the_bytes_of_encode(changes):
+    from lapidus.events import record_fields
+    from lapidus.events import batch_fields
+    events = [_read(i, **change) for i, change in enumerate(changes)]
+    events += [make_event(), make_event(type="delete", pk={"id": "x"}), _read(99)]
+    want = [(e.id, e.type, e.schema, e.table, key_values(e.pk), e.position, encode(e))
+            for e in events]
+    assert [record_fields(e) for e in events] == want
+    assert batch_fields(events) == want
+
+
+def test_other_events_after_a_read_event_still_encode_as_their_own():
+    from lapidus.events import record_fields
+    record_fields(_read(1))
+    update = make_event(type="update", before={"id": 2, "name": "a"})
+    assert record_fields(update)[-1] == encode(update)
+    assert record_fields(_read(2))[-1] == encode(_read(2))

@@ -1,7 +1,11 @@
 """The snapshot core without a database: eviction, watermarks, progress, read events, and
 the refusal of backends that have no snapshot yet."""
 
-from lapidus.workers.snapshot.events import pk_text, read_event
+import json
+
+import pytest
+
+from lapidus.workers.snapshot.events import pk_text, read_event, read_events
 from lapidus.workers.snapshot.progress import SnapshotProgress
 from lapidus.workers.snapshot.window import ChunkWindow
 
@@ -88,3 +92,68 @@ def test_read_event_id_is_deterministic_and_names_snapshot_table_and_key():
     assert e.id == 'shop:read:0:public.items:[1,"x"]'
     assert (e.type, e.before, e.txid, e.pk) == ("read", None, None, {"a": 1, "b": "x"})
     assert pk_text(["ü"]) == '["ü"]'
+
+
+# The id text is part of the contract (JetStream dedups on it, a chunk read again after a
+# restart must repeat it): pinned literally here, for every fast path of pk_text.
+@pytest.mark.parametrize("pk, text", [
+    ({"id": 2}, "[2]"),
+    ({"id": -9223372036854775808}, "[-9223372036854775808]"),
+    ({"id": 2 ** 70}, "[1180591620717411303424]"),                  # past orjson's range
+    ({"code": "a b"}, '["a b"]'),
+    ({"code": 'q"\\\n\t\x01\x7f'}, '["q\\"\\\\\\n\\t\\u0001\x7f"]'),
+    ({"code": "ü€😀\u2028"}, '["ü€😀\u2028"]'),                 # unicode stays unescaped
+    ({"b": "é", "a": 7}, '["é",7]'),                                # key order, not name order
+    ({"a": 1, "b": "x", "c": 2 ** 64}, '[1,"x",18446744073709551616]'),
+    ({"flag": True}, "[true]"),
+    ({"x": 1.5}, "[1.5]"),
+    ({"x": 1e16}, "[1e+16]"),                                       # the stdlib's float text
+    ({"tags": ["a", None]}, '[["a",null]]'),
+    ({"n": None, "m": 3}, "[null,3]"),
+])
+def test_read_event_ids_keep_their_exact_text(pk, text):
+    assert pk_text(list(pk.values())) == text
+    assert pk_text(list(pk.values())) == json.dumps(list(pk.values()), separators=(",", ":"),
+                                                    ensure_ascii=False, default=str)
+    e = read_event("shop", 3, "public", "items", pk, dict(pk), "0/1", None)
+    assert e.id == f"shop:3:public.items:{text}".replace("shop:", "shop:read:", 1)
+    # the window keys its rows by the same text, and the chunk's events reuse it
+    w = ChunkWindow("b:0:x:1", "public", "items", list(pk))
+    w.hold([(pk, dict(pk))], None)
+    [event] = read_events("shop", 3, "public", "items", w.remaining_keyed(), "0/1", None)
+    assert event == e
+    w.saw("public", "items", "delete", dict(pk), None)
+    assert w.remaining() == []
+    # PostgreSQL's chunk rows come with their text (chunkrows): the same key, the same id
+    from lapidus.workers.postgresql.chunkrows import chunk_rows
+    raw = [tuple(str(v) if v.__class__ is int else v for v in pk.values())]
+    if all(v.__class__ in (int, str) for v in pk.values()):
+        converters = [int if v.__class__ is int else str for v in pk.values()]
+        keyed = chunk_rows(raw, list(pk), converters, list(range(len(pk))))
+        w.hold_keyed(keyed, None)
+        assert read_events("shop", 3, "public", "items", w.remaining_keyed(), "0/1", None) == [e]
+        w.saw("public", "items", "update", {"other": 1}, dict(pk))     # the old key goes
+        assert w.remaining() == [] and w.evicted == 2
+
+
+def test_pk_text_of_any_string_is_the_stdlib_text():
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    assert pk_text([every]) == json.dumps([every], separators=(",", ":"), ensure_ascii=False)
+    assert pk_text([every, 1]) == json.dumps([every, 1], separators=(",", ":"),
+                                             ensure_ascii=False)
+
+
+def test_mysql_and_mongo_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from lapidus.workers.base import BackendError
+    from lapidus.workers.runner import make_source
+    for kind in ("mysql", "mongo"):
+        backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
+        with pytest.raises(BackendError) as caught:
+            make_source(backend, tmp_path, None)
+        assert caught.value.fatal
+        assert f'PostgreSQL only so far, not for {kind}' in str(caught.value)
+        assert 'snapshot = "never"' in str(caught.value)

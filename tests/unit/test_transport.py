@@ -10,7 +10,7 @@ import pytest
 
 from lapidus.events import Record
 from lapidus.transport import (ACK, BATCH, HEADER, HELLO, DispatcherLink, LinkLost, pack,
-                               unpack_from)
+                               pack_batch, unpack_from)
 
 RECORD = Record("shop:0/1:0", "insert", "public", "t", ("1",), "0/1", b'{"id":"shop:0/1:0"}')
 
@@ -22,6 +22,17 @@ def test_pack_then_unpack_round_trips():
     frames, used = unpack_from(bytearray(data))
     assert frames == [(BATCH, (7, [RECORD]))]
     assert used == len(data)
+
+
+def test_a_batch_packed_without_the_memo_reads_back_the_same_and_in_a_stream():
+    shared = "public"                      # the same object many times: written each time
+    fields = [(f"shop:read:0:public.t:[{i}]", "read", shared, "t", (str(i),), "0/1",
+               b'{"id":%d}' % i) for i in range(300)] + [tuple(RECORD), RECORD]
+    data = pack_batch(9, fields)
+    assert HEADER.unpack_from(data) == (len(data) - HEADER.size, BATCH)
+    frames, used = unpack_from(bytearray(pack(ACK, 1) + data + pack(ACK, 2)))
+    assert frames == [(ACK, 1), (BATCH, (9, fields)), (ACK, 2)]
+    assert unpack_from(bytearray(pack_batch(1, [])))[0] == [(BATCH, (1, []))]
 
 
 def test_frame_header_is_big_endian_length_and_kind():

@@ -34,6 +34,7 @@ from ..snapshot import WATERMARK_PREFIX
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
 from .catalog import connect
+from .chunkrows import chunk_rows
 from .decoding import Change, Watermark
 from .errors import query_error
 from .publications import _quote
@@ -291,8 +292,8 @@ class PgSnapshot(SnapshotRun):
             self.close()
             raise query_error(exc, self.options, self.backend,
                               f"reading a snapshot chunk of {where}") from None
-        window.hold(self._rows(shape, raw),
-                    [raw[-1][i] for i in shape.key_index] if raw else None)
+        window.hold_keyed(self._rows(shape, raw),
+                          [raw[-1][i] for i in shape.key_index] if raw else None)
 
     def _skip_dropped(self, schema: str, table: str) -> None:
         self.shapes.pop((schema, table), None)
@@ -319,14 +320,8 @@ class PgSnapshot(SnapshotRun):
         return sql, args
 
     @staticmethod
-    def _rows(shape: _TableShape, raw) -> List[Tuple[dict, dict]]:
-        names, converters, key_names = shape.names, shape.converters, shape.key_names
-        rows = []
-        for values in raw:
-            item = {name: None if value is None else convert(value)
-                    for name, convert, value in zip(names, converters, values)}
-            rows.append(({name: item[name] for name in key_names}, item))
-        return rows
+    def _rows(shape: _TableShape, raw) -> List[Tuple[str, Tuple[dict, dict]]]:
+        return chunk_rows(raw, shape.names, shape.converters, shape.key_index)
 
     # -- the stream side ------------------------------------------------------------------
 

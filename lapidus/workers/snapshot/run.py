@@ -22,7 +22,7 @@ import uuid
 from typing import List, Optional, Sequence
 
 from ..base import BackendError
-from .events import read_event
+from .events import read_events
 from .progress import SnapshotProgress
 from .window import ChunkWindow
 
@@ -88,10 +88,9 @@ class SnapshotRun:
         """The held chunk's high watermark: its remaining rows become ``read`` events,
         appended to ``events`` (the source then ends the batch)."""
         window, self.window = self.window, None
-        rows = window.remaining()
-        backend, n, schema, table = self.backend, self.progress.n, window.schema, window.table
-        for pk, item in rows:
-            events.append(read_event(backend, n, schema, table, pk, item, position, ts))
+        rows = window.remaining_keyed()
+        events.extend(read_events(self.backend, self.progress.n, window.schema, window.table,
+                                  rows, position, ts))
         self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
                                     self.chunk_rows)
         self._finish_if_done()

@@ -37,16 +37,40 @@ class ChunkWindow:
         self.schema = schema
         self.table = table
         self.key_names = tuple(key_names)
-        self.rows: Dict[str, Row] = {}      # insertion order is key order (ORDER BY pk)
+        # pk text -> row; insertion order is key order (ORDER BY pk)
+        self.rows: Dict[str, Row] = {}
         self.selected = 0
         self.last_key: Optional[List[Any]] = None
         self.evicted = 0
         self.low_seen = False
 
     def hold(self, rows: Sequence[Row], last_key: Optional[List[Any]]) -> None:
-        """The SELECT's rows (``(pk, item)``, in key order) and the raw last key."""
-        for pk, item in rows:
-            self.rows[self._key(pk)] = (pk, item)
+        """The SELECT's rows (``(pk, item)``, in key order) and the raw last key.
+
+        Each row's key text is computed here, once: it is the row's key in :attr:`rows`
+        and, through :meth:`remaining_keyed`, the tail of its event id.
+        """
+        held = self.rows
+        if len(self.key_names) == 1:
+            # the common case, inlined: a one-column integer key needs no function call
+            name = self.key_names[0]
+            for row in rows:
+                value = row[0][name]
+                held[f"[{value}]" if value.__class__ is int else pk_text((value,))] = row
+        else:
+            names = self.key_names
+            for row in rows:
+                pk = row[0]
+                held[pk_text([pk[name] for name in names])] = row
+        self.selected = len(rows)
+        self.last_key = last_key
+
+    def hold_keyed(self, rows: Sequence[Tuple[str, Row]], last_key: Optional[List[Any]]) -> None:
+        """:meth:`hold` for rows that come with their key text, ``(pk text, (pk, item))``:
+        a source that computes the text while it builds the rows (PostgreSQL's
+        :mod:`...postgresql.chunkrows`) saves the pass over them.  The text must be
+        :func:`.events.pk_text` of the key values, or changes would not evict the row."""
+        self.rows = dict(rows)
         self.selected = len(rows)
         self.last_key = last_key
 
@@ -88,3 +112,7 @@ class ChunkWindow:
     def remaining(self) -> List[Row]:
         """The rows no change evicted, in key order: what the high watermark emits."""
         return list(self.rows.values())
+
+    def remaining_keyed(self) -> List[Tuple[str, Row]]:
+        """:meth:`remaining` with each row's key text: ``(pk text, (pk, item))``."""
+        return list(self.rows.items())

@@ -1,0 +1,82 @@
+"""chunkrows: a snapshot chunk converted column by column gives exactly the values of the
+decoders' per-value conversion (the rule it replaced), NULLs and key order included."""
+
+from __future__ import annotations
+
+from lapidus.workers.postgresql.chunkrows import IDENTITY_FOR_TEXT, chunk_rows
+from lapidus.workers.postgresql.types import TypeMap
+from lapidus.workers.snapshot.events import pk_text
+
+# int4, text, numeric, bool, bytea, timestamptz, jsonb, int4[], text[], float8, an unknown OID
+OIDS = [23, 25, 1700, 16, 17, 1184, 3802, 1007, 1009, 701, 999999]
+NAMES = ["id", "t", "n", "b", "raw", "at", "doc", "ints", "texts", "f", "odd"]
+RAW = [
+    ("1", "a", "1.50", "t", "\\x00ff", "2026-01-01 00:00:00+00", '{"a": 1.0}', "{1,NULL}",
+     '{"x y",NULL,""}', "NaN", "(1,2)"),
+    ("2", None, None, None, None, None, None, None, None, None, None),
+    ("3", "", "-0.00", "f", "\\x", "2026-01-01 05:30:00.5+05:30", "[]", "{}", "{}", "1e300",
+     ""),
+]
+
+
+def reference(raw, names, converters, key_names):
+    """The per-value conversion snapshots used before (and the decoders use), with each
+    row's key text."""
+    rows = []
+    for values in raw:
+        item = {name: None if value is None else convert(value)
+                for name, convert, value in zip(names, converters, values)}
+        pk = {name: item[name] for name in key_names}
+        rows.append((pk_text(list(pk.values())), (pk, item)))
+    return rows
+
+
+def test_columns_convert_exactly_like_values_and_nulls_stay_none():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    got = chunk_rows(RAW, NAMES, converters, [0])
+    want = reference(RAW, NAMES, converters, ["id"])
+    assert got == want
+    items = [item for _, (_, item) in got]
+    assert [type(v) for v in items[0].values()] == [type(v) for v in want[0][1][1].values()]
+    assert list(items[0]) == NAMES and items[1]["t"] is None
+    assert items[0]["at"] == "2026-01-01T00:00:00Z" and items[2]["at"] == "2026-01-01T00:00:00.5Z"
+    assert [text for text, _ in got] == ["[1]", "[2]", "[3]"]
+
+
+def test_a_composite_key_is_in_key_order_not_column_order():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    got = chunk_rows(RAW, NAMES, converters, [1, 0])
+    assert got == reference(RAW, NAMES, converters, ["t", "id"])
+    assert list(got[0][1][0]) == ["t", "id"] and got[0][1][0] == {"t": "a", "id": 1}
+    assert [text for text, _ in got] == ['["a",1]', "[null,2]", '["",3]']
+
+
+def test_text_columns_are_not_touched_and_an_empty_chunk_is_empty():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    assert {converters[1], converters[2], converters[10]} <= IDENTITY_FOR_TEXT
+    assert chunk_rows([], NAMES, converters, [0]) == []
+
+
+def test_a_timestamptz_column_converts_like_the_converter_for_every_form():
+    from lapidus.workers.postgresql.chunkrows import _timestamptz_column
+    from lapidus.workers.postgresql.types import to_timestamptz
+    values = ["2026-01-01 00:00:00+00", "2026-01-01 00:00:00.123456+00", "infinity",
+              "-infinity", "0044-03-15 12:00:00+00 BC", "10000-01-01 05:29:59+05:30",
+              "2026-06-01 12:00:00-07", "1900-01-01 00:00:00+00:19:32", "12345-01-01 00:00:00+00",
+              "2026-01-01 00:00:00 UTC", None]
+    assert _timestamptz_column(values) == [None if v is None else to_timestamptz(v)
+                                           for v in values]
+
+
+def test_any_column_name_is_a_key_and_never_code_and_wide_tables_work():
+    names = ["v1", "v0", "a'b\"c\\", "__import__('os').getcwd()", "x\ny", "ü €", "", "for",
+             "{v0}"] + [f"c{i}" for i in range(300)]
+    raw = [tuple(f"{r}.{i}" for i in range(len(names))) for r in range(3)]
+    converters = [TypeMap().converter(25)] * len(names)
+    got = chunk_rows(raw, names, converters, [2, 0])
+    assert got == reference(raw, names, converters, ["a'b\"c\\", "v1"])
+    assert list(got[0][1][1]) == names and got[1][1][1]["{v0}"] == "1.8"
+    assert chunk_rows([("1",), ("2",)], ["id"], [int], [0]) == [
+        ("[1]", ({"id": 1}, {"id": 1})), ("[2]", ({"id": 2}, {"id": 2}))]
+    # a one-column key that is not an int: its text is pk_text's
+    assert [t for t, _ in chunk_rows([("ü",), ('"',)], ["k"], [str], [0])] == ['["ü"]', '["\\""]']
