@@ -112,3 +112,12 @@ def test_the_tuple_key_window_evicts_changed_keys_and_keeps_the_others():
     assert [pk["a"] for pk, _ in window.remaining()] == [0, 3] and window.evicted == 2
     window.saw("d", "t", "truncate", None, None)
     assert window.remaining() == []
+
+
+def test_the_tuple_key_window_emits_the_same_ids_as_every_other_window():
+    from lapidus.workers.mysql.snapshot import _TupleKeyWindow
+    from lapidus.workers.snapshot.events import read_events
+    window = _TupleKeyWindow("m", "d", "t", ["b", "a"])
+    window.hold([({"b": "x", "a": 1}, {"a": 1, "b": "x"})], ["x", 1])
+    [event] = read_events("crm", 2, "d", "t", window.remaining_keyed(), "0-1-9", None)
+    assert event.id == 'crm:read:2:d.t:["x",1]' and event.pk == {"b": "x", "a": 1}

@@ -143,17 +143,3 @@ def test_pk_text_of_any_string_is_the_stdlib_text():
                                              ensure_ascii=False)
 
 
-def test_mysql_and_mongo_backends_refuse_a_snapshot_they_do_not_have_yet(tmp_path):
-    from types import SimpleNamespace
-
-    import pytest
-
-    from lapidus.workers.base import BackendError
-    from lapidus.workers.runner import make_source
-    for kind in ("mysql", "mongo"):
-        backend = SimpleNamespace(name="crm", type=kind, options={"snapshot": "initial"})
-        with pytest.raises(BackendError) as caught:
-            make_source(backend, tmp_path, None)
-        assert caught.value.fatal
-        assert f'PostgreSQL only so far, not for {kind}' in str(caught.value)
-        assert 'snapshot = "never"' in str(caught.value)

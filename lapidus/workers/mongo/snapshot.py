@@ -36,7 +36,7 @@ from pymongo.read_concern import ReadConcern
 from ..base import BackendError
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
-from ..snapshot.window import ChunkWindow
+from ..snapshot.window import ValueKeyedWindow
 from . import errors
 from .bson_json import document_to_json, to_json
 from .changes import ROW_OPERATIONS, commit_time
@@ -95,7 +95,7 @@ def snapshot_collections(client, database: Optional[str], table_filter,
             if table_filter.allows(db, coll)]
 
 
-class MongoWindow(ChunkWindow):
+class MongoWindow(ValueKeyedWindow):
     """A held chunk keyed by the BSON ``_id`` itself (:func:`.keyset.key_text`), not by its
     JSON form: an ObjectId and the string of its hex digits are different documents."""
 

@@ -37,7 +37,7 @@ import pymysql
 from ..base import BackendError
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
-from ..snapshot.window import ChunkWindow
+from ..snapshot.window import ChunkWindow, ValueKeyedWindow
 from ..utctime import utc_seconds_text
 from .connection import describe_error
 from .position import MariadbGtidState
@@ -234,7 +234,7 @@ class _Shape:
             if all(json_safe(c) for c in columns) else None
 
 
-class _TupleKeyWindow(ChunkWindow):
+class _TupleKeyWindow(ValueKeyedWindow):
     """A chunk window whose keys are tuples of the key values.  Keys are only matched
     inside this process (a held row against a change's ``pk``/``before``, both mapped to
     the same values), so the JSON text of :func:`~..snapshot.events.pk_text` (what the

@@ -116,3 +116,18 @@ class ChunkWindow:
     def remaining_keyed(self) -> List[Tuple[str, Row]]:
         """:meth:`remaining` with each row's key text: ``(pk text, (pk, item))``."""
         return list(self.rows.items())
+
+
+class ValueKeyedWindow(ChunkWindow):
+    """A window whose rows are keyed by something other than the id's key text (a subclass's
+    :meth:`_key`: tuples of values on MySQL, the BSON ``_id`` on MongoDB); the text of each
+    event id is computed when the chunk is emitted, for the rows that are left."""
+
+    def hold(self, rows: Sequence[Row], last_key: Optional[List[Any]]) -> None:
+        for pk, item in rows:
+            self.rows[self._key(pk)] = (pk, item)
+        self.selected = len(rows)
+        self.last_key = last_key
+
+    def remaining_keyed(self) -> List[Tuple[str, Row]]:
+        return [(pk_text(list(pk.values())), (pk, item)) for pk, item in self.rows.values()]
