@@ -17,7 +17,8 @@ GROUP = "lapidus.plugins"
 BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
            "nats": "lapidus.sinks.nats:NatsSink",
            "exec": "lapidus.sinks.exec:ExecSink",
-           "redis": "lapidus.sinks.redis:RedisSink"}
+           "redis": "lapidus.sinks.redis:RedisSink",
+           "rabbitmq": "lapidus.sinks.rabbitmq:RabbitmqSink"}
 
 
 def available() -> Dict[str, str]:
