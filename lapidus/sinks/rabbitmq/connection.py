@@ -19,6 +19,7 @@ Runs in the dispatcher process, inside its asyncio loop.  Contract:
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from typing import Any, Dict, Optional
@@ -32,6 +33,12 @@ WAITING_LOG_EVERY = 30.0
 OUTAGE_LOG_EVERY = 30.0
 MISCONFIGURED_LOG_EVERY = 300.0
 MISCONFIGURED_RETRY = 5.0
+
+# aiormq logs every connection the broker closes as an error with a traceback, in the plain
+# format of stdlib logging, into Lapidus's JSON log.  The sink logs each loss and reconnection
+# itself, with the backend and the server (and a fix where one helps): keep aiormq's own
+# records to the critical ones.
+logging.getLogger("aiormq").setLevel(logging.CRITICAL)
 
 #: what a failed connection attempt or a lost connection raises
 CONNECTION_ERRORS = (amqp_errors.AMQPError, OSError, asyncio.TimeoutError, ConnectionError)
