@@ -10,7 +10,7 @@ client loop sends the same number of payloads of the same shape to the same serv
 sink does, and is timed to the same condition:
   * redis:    redis-py (asyncio, hiredis) pipelines of 1000 ``XADD`` with the same four fields
               (the backend's default batch_size), each awaited before the next;
-  * rabbitmq: aio-pika on a confirm channel: publish 1000 persistent messages with the same
+  * rabbitmq: aiormq on a confirm channel: publish 1000 persistent messages with the same
               properties and headers, then await all their confirms, batch after batch.
 Prints events/s of each and the ratio Lapidus / bare loop, from Lapidus's start and from its
 first to its last event.  Needs the local PostgreSQL (127.0.0.1:5432, user postgres), Redis
@@ -85,60 +85,53 @@ class RabbitTarget:
     def plugin(self) -> dict:
         return {"url": AMQP_URL, "exchange": EXCHANGE}
 
-    def reset(self) -> None:
-        asyncio.run(self._reset())
+    @staticmethod
+    async def _channel(action):
+        import aiormq
+        connection = await aiormq.connect(AMQP_URL)
+        try:
+            return await action(await connection.channel())
+        finally:
+            await connection.close()
 
-    async def _reset(self) -> None:
-        import aio_pika
-        conn = await aio_pika.connect(AMQP_URL)
-        channel = await conn.channel()
-        exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC,
-                                                  durable=True)
-        queue = await channel.declare_queue(QUEUE, durable=True)
-        await queue.bind(exchange, "#")
-        await queue.purge()
-        await conn.close()
+    def reset(self) -> None:
+        async def run(channel):
+            await channel.exchange_declare(exchange=EXCHANGE, exchange_type="topic",
+                                           durable=True)
+            await channel.queue_declare(QUEUE, durable=True)
+            await channel.queue_bind(QUEUE, EXCHANGE, routing_key="#")
+            await channel.queue_purge(QUEUE)
+        asyncio.run(self._channel(run))
 
     def count(self) -> int:
-        return asyncio.run(self._count())
-
-    async def _count(self) -> int:
-        import aio_pika
-        conn = await aio_pika.connect(AMQP_URL)
-        try:
-            channel = await conn.channel()
-            queue = await channel.declare_queue(QUEUE, passive=True)
-            return queue.declaration_result.message_count
-        finally:
-            await conn.close()
+        async def run(channel):
+            return (await channel.queue_declare(QUEUE, passive=True)).message_count
+        return asyncio.run(self._channel(run))
 
     async def bare(self, payloads) -> None:
-        import aio_pika
-        conn = await aio_pika.connect(AMQP_URL)
-        channel = await conn.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(EXCHANGE)
+        import aiormq
+        from pamqp.commands import Basic
+        connection = await aiormq.connect(AMQP_URL)
+        channel = await connection.channel(publisher_confirms=True)
         for start in range(0, len(payloads), BATCH):
             confirms = []
             for subject, data, event_id in payloads[start:start + BATCH]:
-                message = aio_pika.Message(
-                    data, content_type="application/json", message_id=event_id,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                properties = Basic.Properties(
+                    content_type="application/json", delivery_mode=2, message_id=event_id,
+                    message_type="insert",
                     headers={"Lapidus-Backend": "bench", "Lapidus-Type": "insert",
                              "Lapidus-Position": "0/1A2B3C4D"})
-                confirms.append(asyncio.ensure_future(
-                    exchange.publish(message, subject[len("bench."):])))
+                confirms.append(asyncio.ensure_future(channel.basic_publish(
+                    data, exchange=EXCHANGE, routing_key=subject[len("bench."):],
+                    properties=properties, wait=False)))
             await asyncio.gather(*confirms)
-        await conn.close()
+        await connection.close()
 
     def cleanup(self) -> None:
-        async def run():
-            import aio_pika
-            conn = await aio_pika.connect(AMQP_URL)
-            channel = await conn.channel()
+        async def run(channel):
             await channel.queue_delete(QUEUE)
             await channel.exchange_delete(EXCHANGE)
-            await conn.close()
-        asyncio.run(run())
+        asyncio.run(self._channel(run))
 
 
 def wait_count(target, rows: int, proc=None, timeout: float = 600) -> float:
