@@ -121,7 +121,7 @@ def test_connections_closed_by_the_broker_mid_load_lose_nothing_and_keep_order_p
 
 
 def test_wrong_credentials_are_one_clear_error_and_never_shown(lapidus_factory, pg_db,
-                                                                rabbit_exchange):
+                                                               rabbit_exchange):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     proc = _launch(lapidus_factory, [pg_backend(pg_db)],
                    {"rabbitmq": {"url": "amqp://guest:wrong-secret@127.0.0.1:5672/",

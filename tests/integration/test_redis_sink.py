@@ -152,7 +152,7 @@ def test_a_redis_outage_mid_load_loses_nothing_and_keeps_order_per_key(
 
 
 def test_wrong_credentials_are_one_clear_error_and_never_shown(lapidus_factory, pg_db,
-                                                                private_redis):
+                                                               private_redis):
     private_redis.start(password="right-secret")
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     proc = start(lapidus_factory, [pg_backend(pg_db)],

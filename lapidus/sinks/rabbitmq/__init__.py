@@ -115,6 +115,10 @@ class RabbitmqSink(Sink):
                             f"({self.settings.confirm_timeout:g} s; a broker alarm, memory or "
                             f"disk, blocks publishers); the batch is published again") from None
         for result in results:
+            if isinstance(result, asyncio.CancelledError):
+                # aiormq cancels the pending publishes of a channel that closes; that is a
+                # lost channel here, not a cancellation of the dispatcher's task
+                raise ConnectionError("the channel closed with publishes pending")
             if isinstance(result, BaseException) and not isinstance(
                     result, (amqp_errors.PublishError, amqp_errors.DeliveryError)):
                 raise result
