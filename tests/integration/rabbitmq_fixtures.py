@@ -1,7 +1,10 @@
 """Helpers for tests against the local RabbitMQ (guest on 127.0.0.1:5672).
 
-* :func:`rabbit_exchange` gives a test an exchange name of its own and a durable queue bound to
-  it with ``#`` (everything), both deleted afterwards.
+* :func:`rabbit_exchange` gives a test an exchange name of its own and a queue bound to it with
+  ``#`` (everything), both deleted afterwards.  The queue is not durable: RabbitMQ then keeps
+  even persistent messages in memory, which makes a test several times faster on a busy host
+  (durable queues write and fsync every message before the confirm) and changes nothing the
+  sink sees.
 * :class:`Consumer` reads that queue from a background thread (aiormq), recording each message's
   routing key, body and properties, so synchronous tests can wait on conditions.
 * :func:`close_connections_of` closes a Lapidus backend's connections from the broker's side
@@ -49,7 +52,7 @@ def rabbit_exchange():
 
     async def setup(channel):
         await channel.exchange_declare(exchange=name, exchange_type="topic", durable=True)
-        await channel.queue_declare(name, durable=True)
+        await channel.queue_declare(name, durable=False, auto_delete=False)
         await channel.queue_bind(name, name, routing_key="#")
 
     async def teardown(channel):
