@@ -22,8 +22,9 @@ from lapidus.events import Record
 from lapidus.sinks.redis import RedisSink
 from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
-from tests.integration.redis_fixtures import (URL, entries, private_redis, redis_prefix,
-                                              stream_length, wait_length)
+from tests.integration.redis_fixtures import (URL, entries, free_port, private_redis,
+                                              redis_prefix, stream_length, wait_length)
+from tests.integration.test_metrics import get, samples
 from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -129,9 +130,13 @@ def test_a_redis_outage_mid_load_loses_nothing_and_keeps_order_per_key(
     rows = 6000
     private_redis.start()
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    port = free_port()
     proc = start(lapidus_factory, [pg_backend(pg_db)],
-                 {"url": private_redis.url, "stream": "cdc:{table}", "reconnect_time_wait": 0.2})
+                 {"url": private_redis.url, "stream": "cdc:{table}", "reconnect_time_wait": 0.2},
+                 http={"listen": f"127.0.0.1:{port}"})
     stream = "cdc:t"
+    up = ("lapidus_sink_up", (("backend", "pg"), ("sink", "redis")))
+    down_for = ("lapidus_sink_down_seconds", (("backend", "pg"), ("sink", "redis")))
     loader = pg_load(pg_db.name, rows, per_tx=50)
     wait_length(stream, rows // 4, url=private_redis.url)
     private_redis.stop(save=True)           # what Redis acknowledged survives the outage
@@ -139,6 +144,10 @@ def test_a_redis_outage_mid_load_loses_nothing_and_keeps_order_per_key(
         backend_status(proc.config_path).get("sinks", {}).get("redis", {})), 30,
         message="the redis sink reported down in lapidusctl status")
     assert down["server"] == f"redis://127.0.0.1:{private_redis.port}"
+    metrics = wait_until(lambda: (lambda m: m if m.get(down_for, 0) > 0 else None)(
+        samples(get(f"http://127.0.0.1:{port}/metrics")[1])), 30,
+        message="lapidus_sink_down_seconds counting in /metrics")
+    assert metrics[up] == 0
     private_redis.start()
     loader.join(60)
     total = rows + 2 * rows // 10
@@ -146,6 +155,7 @@ def test_a_redis_outage_mid_load_loses_nothing_and_keeps_order_per_key(
     check_stream(stream, "pg", "public", rows, url=private_redis.url)
     wait_until(lambda: backend_status(proc.config_path).get("sinks", {}).get("redis", {})
                .get("connected"), 30, message="the redis sink up again")
+    assert samples(get(f"http://127.0.0.1:{port}/metrics")[1])[up] == 1
     log = proc.log()
     assert "redis connection lost; reconnecting" in log and "redis reconnected" in log
     assert "Traceback" not in log
