@@ -247,3 +247,24 @@ def test_a_new_sink_skips_what_the_stream_already_has(redis_prefix):
     ids = [e["id"] for e in entries(f"{redis_prefix}:t")]
     assert ids == [r.id for batch in batches for r in batch]
     assert skipped == 20
+
+
+def test_a_key_of_another_type_makes_its_events_undeliverable_with_the_fix(redis_prefix):
+    from lapidus.sinks.base import UndeliverableError
+    from tests.integration.redis_fixtures import client
+
+    client().set(f"{redis_prefix}:t", "not a stream")
+    other = Record("pg:0/1:0", "insert", "public", "ok", ("1",), "0/1", b"{}")
+    refused = Record("pg:0/1:1", "insert", "public", "t", ("1",), "0/1", b"{}")
+
+    async def run():
+        sink = RedisSink({"url": URL, "stream": f"{redis_prefix}:{{table}}"}, "pg")
+        try:
+            with pytest.raises(UndeliverableError) as info:
+                await sink.send([other, refused])
+            return info.value
+        finally:
+            await sink.close()
+
+    error = asyncio.run(run())
+    assert error.index == 1 and "WRONGTYPE" in error.reason and "delete or rename" in error.fix

@@ -78,7 +78,7 @@ class RedisSink(Sink):
         try:
             unknown = self.skipper.unknown(streams)
             if unknown:
-                await self._read_marks(unknown)
+                await self._read_marks(unknown, streams, records)
             skipped = self.skipper.skipped
             keep = self.skipper.keep(streams, records)
             if self.skipper.skipped != skipped:
@@ -100,14 +100,25 @@ class RedisSink(Sink):
             self.skipper.forget()
             raise
 
-    async def _read_marks(self, streams: List[str]) -> None:
-        """Learn each stream's newest entry of this backend (one round trip for all)."""
+    async def _read_marks(self, unknown: List[str], streams: List[str],
+                          records: Sequence[Record]) -> None:
+        """Learn each stream's newest entry of this backend (one round trip for all).  A key
+        of another type refuses the first record bound for it, for good."""
+        from redis.exceptions import ResponseError
+
         pipe = self.connection.client.pipeline(transaction=False)
-        for stream in streams:
+        for stream in unknown:
             pipe.xrevrange(stream, "+", "-", count=SCAN_BACK)
-        replies = await pipe.execute(raise_on_error=True)
-        for stream, entries in zip(streams, replies):
-            self.skipper.learn(stream, newest_of(self.backend, entries))
+        replies = await pipe.execute(raise_on_error=False)
+        for stream, reply in zip(unknown, replies):
+            if isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE"):
+                index = streams.index(stream)
+                raise UndeliverableError(
+                    index, f"event {records[index].id}: redis cannot read or add to stream "
+                           f"\"{stream}\" ({reply})", WRONGTYPE_FIX)
+            if isinstance(reply, Exception):
+                raise reply
+            self.skipper.learn(stream, newest_of(self.backend, reply))
 
     async def _write(self, entries: List[Entry]) -> list:
         """Write every entry's XADD in one go on one connection, then read one reply per
