@@ -379,3 +379,23 @@ def test_a_chunk_past_its_timeout_fails_the_backend_clearly(mongo, sources):
     message = str(failed.value)
     assert failed.value.fatal and f"{mongo.database}.docs" in message
     assert "snapshot_chunk_timeout (0.001 s)" in message and "snapshot_chunk_rows" in message
+
+
+def test_lapidusctl_backfill_with_a_json_filter_and_its_refusals(mongo_process, lapidus_factory):
+    mongo = mongo_process
+    fill(mongo, 300)
+    proc = lapidus_factory({"backends": [backend(mongo, snapshot="never")],
+                            "plugins": {"stdout": {}}})
+    proc.wait_log('"streaming"', 60)
+    from tests.integration.conftest import ctl
+    code, out, err = ctl(proc.config_path, "backfill", BACKEND, "docs", "--where",
+                         '{"grp": 1}', "--wait")
+    assert code == 0, err + proc.log()[-2000:]
+    assert "backfill 1 of cms docs done: 100 rows" in out
+    reads = [e for e in proc.events() if e["type"] == "read"]
+    assert sorted(e["pk"]["_id"] for e in reads) == list(range(1, 301, 3))
+    assert all(e["id"].startswith("cms:read:1:") for e in reads)
+    code, _, err = ctl(proc.config_path, "backfill", BACKEND, "docs", "--where", "{grp: 1")
+    assert code == 2 and "docs" in err
+    code, _, err = ctl(proc.config_path, "backfill", BACKEND, "nosuch")
+    assert code == 2 and "nosuch" in err
