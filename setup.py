@@ -2,7 +2,7 @@
 
 Package metadata lives in pyproject.toml. ``lapidus/workers/postgresql/pgoutput.py`` (framing
 and decoding every row change) is compiled to a C extension from the same Python source: about
-a fifth less worker CPU per event (docs/benchmarks.md, "Update 2"). It is an optional
+a fifth less worker CPU per event (docs/dev/benchmarks.md, "Update 2"). It is an optional
 extension: without a C compiler, or with ``LAPIDUS_COMPILE=0``, the pure-Python module serves,
 with the same behaviour (tests/unit/test_compiled_build.py compares the two).
 """

@@ -12,7 +12,7 @@ Writes (matplotlib, Agg backend; ``pip install -e '.[bench]'``):
   run, per backend and rate (same runs);
 * ``docs/bench-resources-rss.png``: RSS of each process against events delivered in the long run;
 
-and prints the Markdown tables of docs/benchmarks.md (medians over the runs).
+and prints the Markdown tables of docs/dev/benchmarks.md (medians over the runs).
 """
 
 from __future__ import annotations

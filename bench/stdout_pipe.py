@@ -4,7 +4,7 @@ BATCH, written by StdoutSink to a pipe that ``cat > /dev/null`` drains.
     .venv/bin/python bench/stdout_pipe.py [--records 200000] [--size 300] [--batch 1000]
                                           [--runs 3]
 
-Prints records/s and MiB/s per run and the median (results: docs/benchmarks.md).
+Prints records/s and MiB/s per run and the median (results: docs/dev/benchmarks.md).
 """
 
 from __future__ import annotations

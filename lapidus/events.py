@@ -215,7 +215,7 @@ class _ReadPieces:
     Also faster for a reason of the allocator: orjson's results come from glibc with room to
     spare (shrunk at the end, as it seems); a batch of them kept alive until it is pickled
     grows the heap, and freeing the batch trims it back, so every batch faults its pages in
-    again (measured in docs/benchmarks.md, Snapshot).  Here orjson's results are short-lived
+    again (measured in docs/dev/benchmarks.md, Snapshot).  Here orjson's results are short-lived
     and the kept bytes are the join's, small and from Python's own allocator.
 
     One per process (the worker's); the worker loop is single-threaded.

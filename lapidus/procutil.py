@@ -123,7 +123,7 @@ def run_profiled(name: str, function, *args):
     written to ``<dir>/<name>-<pid>.prof`` when it returns (for ``python -m pstats``).
 
     A developer's switch, for finding where a worker or the dispatcher spends its time in a
-    benchmark (docs/benchmarks.md); cProfile roughly doubles the cost of Python calls.
+    benchmark (docs/dev/benchmarks.md); cProfile roughly doubles the cost of Python calls.
     """
     directory = os.environ.get("LAPIDUS_PROFILE_DIR")
     if not directory:

@@ -38,7 +38,7 @@ def pack_batch(seq: int, records: list) -> bytes:
     A batch is thousands of small strings and bytes, none of them shared and nothing
     referring to itself: the memo (a dict entry and a PUT for every object, so that a second
     reference can point back) is pure cost there, most of the pickling time and a good part
-    of the unpickling (docs/benchmarks.md, Snapshot); the frame is a few percent larger, as
+    of the unpickling (docs/dev/benchmarks.md, Snapshot); the frame is a few percent larger, as
     a string that repeats (``"read"``, the table) is written again.  The unpickler reads it
     like any other pickle.  Not for payloads that could refer to themselves: fast mode would
     recurse without end.  Runs in the worker process.

@@ -18,7 +18,7 @@ Lapidus streams a PostgreSQL and a MariaDB table into a dedicated JetStream stre
   and compares it with the ledger: nothing lost, per-key order, duplicates only as repeated
   ids.
 
-:mod:`bench.chaos.run` ties them together; docs/chaos.md describes the options and the report.
+:mod:`bench.chaos.run` ties them together; docs/dev/chaos.md describes the options and the report.
 The short variant runs in CI as tests/integration/test_chaos.py.
 """
 

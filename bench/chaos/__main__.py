@@ -1,4 +1,4 @@
-"""``python -m bench.chaos``: the long chaos run (see docs/chaos.md).
+"""``python -m bench.chaos``: the long chaos run (see docs/dev/chaos.md).
 
     .venv/bin/python -m bench.chaos --minutes 10 --seed 1
     .venv/bin/python -m bench.chaos --minutes 3 --faults kill_worker_pg,cut_nats --settle

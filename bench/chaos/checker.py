@@ -1,6 +1,6 @@
 """Read everything a JetStream stream holds and compare it with the ledger.
 
-What is checked, per backend (see docs/chaos.md):
+What is checked, per backend (see docs/dev/chaos.md):
 
 * **lost**: every committed change of the ledger has an event (insert/update: the key and the
   version; delete: the key).  The most important number: it must be 0.

@@ -1,4 +1,4 @@
-"""The short chaos run (bench/chaos, docs/chaos.md): faults mid-load, nothing lost.
+"""The short chaos run (bench/chaos, docs/dev/chaos.md): faults mid-load, nothing lost.
 
 Lapidus streams a PostgreSQL and a MariaDB table into a JetStream stream of a private
 nats-server while a seeded fault injector kills each of its processes (worker, dispatcher,

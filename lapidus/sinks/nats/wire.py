@@ -7,7 +7,7 @@ dict on every call, and a subscription hands each message through a ``Msg`` obje
 a task, per event.  Here messages go to nats-py in runs of encoded ``HPUB`` commands
 (:class:`Frames`, one buffer append per run instead of one call per message), and acks are
 read off the front of each socket read before nats-py's parser (``_read_acks_first``); what
-that saves per event is measured in docs/benchmarks.md.
+that saves per event is measured in docs/dev/benchmarks.md.
 
 These paths use nats-py internals, checked against nats-py 2.16 (``_send_command``,
 ``_flush_pending``, ``_flush_queue``, ``_pending``, ``_pongs``, ``_transport``,
@@ -46,7 +46,7 @@ class Frames:
     """Messages encoded as the NATS protocol's ``HPUB`` commands, to be written in one go.
 
     Encoding a run of messages into one bytes object and handing it to nats-py once costs a
-    fraction of one ``publish`` call per message (measured in docs/benchmarks.md).
+    fraction of one ``publish`` call per message (measured in docs/dev/benchmarks.md).
     """
 
     __slots__ = ("parts", "count", "max_payload")

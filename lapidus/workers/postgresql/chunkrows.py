@@ -76,7 +76,7 @@ def _builder(names: Tuple[str, ...], key_index: Tuple[int, ...], int_key: bool):
     {"id": v0, "name": v1})) for v0, v1 in zip(*columns)]``.
 
     Why generated code: a dict display with constant keys is built by one opcode, several
-    times faster than ``dict(zip(names, row))`` (figures in docs/benchmarks.md, Snapshot).
+    times faster than ``dict(zip(names, row))`` (figures in docs/dev/benchmarks.md, Snapshot).
     The names are inserted with ``repr``, which writes any string as the literal of exactly
     that string, so a column name cannot become code.  A one-column
     key converted by ``int`` (a key column is never NULL) has the text ``[<int>]``, which
