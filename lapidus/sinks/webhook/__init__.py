@@ -79,7 +79,9 @@ class WebhookSink(Sink):
 
     async def _deliver(self, request: Request, records: Sequence[Record]) -> None:
         """POST ``request`` until it is answered 2xx; narrow a refusal down to its event."""
-        backoff = Backoff(0.2, self.settings.retry_max)
+        # starts at 0.2 s (a receiver restarting), doubling to retry_max (a shorter
+        # retry_max is the start too)
+        backoff = Backoff(min(0.2, self.settings.retry_max), self.settings.retry_max)
         while True:
             verdict = await self.client.post(request)
             if verdict.kind == answers.OK:
