@@ -79,9 +79,7 @@ class WebhookSink(Sink):
 
     async def _deliver(self, request: Request, records: Sequence[Record]) -> None:
         """POST ``request`` until it is answered 2xx; narrow a refusal down to its event."""
-        # starts at 0.2 s (a receiver restarting), doubling to retry_max (a shorter
-        # retry_max is the start too)
-        backoff = Backoff(min(0.2, self.settings.retry_max), self.settings.retry_max)
+        backoff: Optional[Backoff] = None     # made on the first failure: the hot path
         while True:
             verdict = await self.client.post(request)
             if verdict.kind == answers.OK:
@@ -100,6 +98,10 @@ class WebhookSink(Sink):
             if verdict.kind == answers.SETTINGS:
                 delay = max(SETTINGS_RETRY, verdict.retry_after or 0.0)
             else:
+                if backoff is None:
+                    # from 0.2 s (a receiver restarting), doubling up to retry_max
+                    backoff = Backoff(min(0.2, self.settings.retry_max),
+                                      self.settings.retry_max)
                 delay = verdict.retry_after if verdict.retry_after is not None \
                     else backoff.next()
             self._went_down(verdict, delay, request)
