@@ -13,33 +13,27 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
 
 import psutil
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import pg_backend, pg_connect, status
+from tests.integration.conftest import pg_backend, status
 from tests.integration.webhook_fixtures import receiver
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
-from tests.integration.mysql_fixtures import (  # noqa: E402
-    DATABASE, lapidus_backend, root_connection,
+from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
+from tests.integration.sink_loads import (  # noqa: E402
+    check_rows, expected_count, finish, mariadb_load, mariadb_table, pg_load,
 )
 
 __all__ = ["receiver"]      # a fixture, imported for pytest
 
 pytestmark = pytest.mark.integration
 
-ROWS = 10_000
-PER_TX = 500
-UPDATED = 50          # rows of each transaction updated twice afterwards: order per key
 SECRET = "s3cret-of-the-test"
-EVENT_FIELDS = {"id", "type", "backend", "schema", "table", "pk", "item", "before",
-                "position", "txid", "ts"}
 
 
 def start(lapidus_factory, backends, plugin: dict, **config):
@@ -53,86 +47,6 @@ def start(lapidus_factory, backends, plugin: dict, **config):
         print(proc.log()[-5000:])
         raise
     return proc
-
-
-# -- loads: inserts in transactions of PER_TX rows, the first UPDATED of each updated twice ----
-
-def pg_load(database: str, rows: int = ROWS) -> threading.Thread:
-    def run():
-        conn = pg_connect(database)
-        with conn.cursor() as cur:
-            for first in range(1, rows + 1, PER_TX):
-                last = min(rows, first + PER_TX - 1)
-                cur.execute("INSERT INTO t SELECT g, 0 FROM generate_series(%s, %s) g",
-                            (first, last))
-                conn.commit()
-                for _ in range(2):
-                    cur.execute("UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s",
-                                (first, first + UPDATED - 1))
-                    conn.commit()
-        conn.close()
-    return _thread(run)
-
-
-def mariadb_load(rows: int = ROWS) -> threading.Thread:
-    def run():
-        conn = root_connection(database=DATABASE)
-        with conn.cursor() as cur:
-            for first in range(1, rows + 1, PER_TX):
-                last = min(rows, first + PER_TX - 1)
-                cur.execute(f"INSERT INTO t SELECT seq, 0 FROM seq_{first}_to_{last}")
-                for _ in range(2):
-                    cur.execute("UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s",
-                                (first, first + UPDATED - 1))
-        conn.close()
-    return _thread(run)
-
-
-def _thread(target) -> threading.Thread:
-    errors = []
-
-    def run():
-        try:
-            target()
-        except BaseException as exc:      # reported by finish()
-            errors.append(exc)
-    thread = threading.Thread(target=run, daemon=True)
-    thread.errors = errors
-    thread.start()
-    return thread
-
-
-def finish(thread: threading.Thread) -> None:
-    thread.join(120)
-    assert not thread.is_alive(), "the load did not finish"
-    assert not thread.errors, thread.errors
-
-
-def expected_count(rows: int = ROWS) -> int:
-    return rows + 2 * UPDATED * ((rows + PER_TX - 1) // PER_TX)
-
-
-def check_rows(events, backend: str, rows: int = ROWS) -> None:
-    """Every row of ``backend`` arrived, each change once (repeats, by id, dropped as a
-    consumer would), in commit order per key, with the EVENTS.md payload."""
-    seen = set()
-    by_key = defaultdict(list)
-    for event in events:
-        if event["backend"] != backend or event["id"] in seen:
-            continue
-        seen.add(event["id"])
-        assert EVENT_FIELDS <= set(event), event
-        assert event["table"] == "t" and event["pk"] == {"id": event["item"]["id"]}
-        by_key[event["pk"]["id"]].append((event["type"], event["item"]["v"]))
-    assert sorted(by_key) == list(range(1, rows + 1)), "rows missing"
-    for key, changes in by_key.items():
-        updated = (key - 1) % PER_TX < UPDATED
-        wanted = [("insert", 0)] + ([("update", 1), ("update", 2)] if updated else [])
-        assert changes == wanted, (key, changes)
-
-
-def mariadb_table(sql) -> None:
-    sql.run("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
 
 
 # --------------------------------------------------------------------------------------------
