@@ -52,7 +52,10 @@ class Broker:
         lines = [f"listener {self.port} 127.0.0.1", "persistence true",
                  f"persistence_location {directory}/", "max_queued_messages 0",
                  "max_inflight_messages 0",
-                 "log_dest none"]
+                 "log_dest none",
+                 # started as root, mosquitto would switch to the user mosquitto, who may not
+                 # read the test's directory (persistence, password file)
+                 "user root"]
         if users:
             passwords = directory / "passwords"
             passwords.write_text("")

@@ -20,11 +20,12 @@ EVENT_FIELDS = {"id", "type", "backend", "schema", "table", "pk", "item", "befor
 
 # -- loads: inserts in transactions of PER_TX rows, the first UPDATED of each updated twice ----
 
-def pg_load(database: str, rows: int = ROWS) -> threading.Thread:
+def pg_load(database: str, rows: int = ROWS, start: int = 1) -> threading.Thread:
+    """Rows ``start`` .. ``rows`` (a multiple of PER_TX apart)."""
     def run():
         conn = pg_connect(database)
         with conn.cursor() as cur:
-            for first in range(1, rows + 1, PER_TX):
+            for first in range(start, rows + 1, PER_TX):
                 last = min(rows, first + PER_TX - 1)
                 cur.execute("INSERT INTO t SELECT g, 0 FROM generate_series(%s, %s) g",
                             (first, last))
@@ -37,11 +38,11 @@ def pg_load(database: str, rows: int = ROWS) -> threading.Thread:
     return _thread(run)
 
 
-def mariadb_load(rows: int = ROWS) -> threading.Thread:
+def mariadb_load(rows: int = ROWS, start: int = 1) -> threading.Thread:
     def run():
         conn = root_connection(database=DATABASE)
         with conn.cursor() as cur:
-            for first in range(1, rows + 1, PER_TX):
+            for first in range(start, rows + 1, PER_TX):
                 last = min(rows, first + PER_TX - 1)
                 cur.execute(f"INSERT INTO t SELECT seq, 0 FROM seq_{first}_to_{last}")
                 for _ in range(2):

@@ -294,7 +294,8 @@ class Connection:
         self.link = None
         if self._closing:
             return
-        self._down_since = time.monotonic()
+        if self._down_since is None:       # (health() may have seen the loss first)
+            self._down_since = time.monotonic()
         self._logged_at = time.monotonic()
         self.log.warning("mqtt disconnected; reconnecting, no event is dropped",
                          server=self.options.target, error=self._last_error)
@@ -331,9 +332,13 @@ class Connection:
             await self._ready.wait()
 
     def health(self) -> Dict[str, Any]:
-        since = self._down_since
         link = self.link
-        return {"connected": link is not None and not link.lost.done(),
+        connected = link is not None and not link.lost.done()
+        if not connected and self._down_since is None and not self._closing:
+            # lost a moment ago; _run has not seen it yet
+            self._down_since = time.monotonic()
+        since = self._down_since
+        return {"connected": connected,
                 "down_seconds": None if since is None else round(time.monotonic() - since, 1),
                 "server": self.options.target, "last_error": self._last_error,
                 "protocol": "5" if self.version5 else "3.1.1"}
