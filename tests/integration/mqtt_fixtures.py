@@ -43,7 +43,8 @@ def port_open(port: int) -> bool:
 
 
 class Broker:
-    def __init__(self, directory: Path, users: Optional[Dict[str, str]] = None):
+    def __init__(self, directory: Path, users: Optional[Dict[str, str]] = None,
+                 acl: Optional[str] = None):
         self.directory = directory
         self.port = free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
@@ -63,6 +64,9 @@ class Broker:
                 subprocess.run(["mosquitto_passwd", "-b", str(passwords), user, password],
                                check=True, capture_output=True)
             lines += ["allow_anonymous false", f"password_file {passwords}"]
+            if acl is not None:          # mosquitto acl_file lines ("user x", "topic write t")
+                (directory / "acl").write_text(acl)
+                lines.append(f"acl_file {directory / 'acl'}")
         else:
             lines.append("allow_anonymous true")
         self.config = directory / "mosquitto.conf"

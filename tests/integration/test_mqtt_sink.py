@@ -176,6 +176,31 @@ def test_wrong_credentials_are_one_clear_error_and_the_backend_waits(lapidus_fac
     assert "wrong-pass" not in proc.log() and "Traceback" not in proc.log()
 
 
+def test_a_topic_the_broker_refuses_goes_to_the_dead_letters_the_rest_streams_on(
+        lapidus_factory, pg_db, broker, subscribe):
+    """MQTT 5: the broker's ACL refuses one table's topics in its PUBACK (Not authorized);
+    with on_undeliverable = "dead_letter" that event is moved aside and the rest arrives."""
+    mosquitto = broker(users={"lapidus": "pw", "reader": "pw"},
+                       acl="user lapidus\ntopic write lapidus/public/t/#\n"
+                           "user reader\ntopic read lapidus/#\n")
+    sub = subscribe(mosquitto.port, "lapidus/#", username="reader", password="pw")
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)",
+              "CREATE TABLE secret (id int PRIMARY KEY, v int)")
+    proc = start(lapidus_factory, [pg_backend(pg_db, on_undeliverable="dead_letter")],
+                 {"url": f"mqtt://lapidus:pw@127.0.0.1:{mosquitto.port}"})
+    pg_db.sql("INSERT INTO t VALUES (1, 0), (2, 0)", "INSERT INTO secret VALUES (1, 0)",
+              "INSERT INTO t VALUES (3, 0)")
+    seen = wait_until(lambda: (lambda m: m if len({x.topic for x in m}) >= 3 else None)(
+        sub.seen()), 30, message="the three rows of t")
+    # the events before the refused one are sent again with the rest (same ids): at least once
+    topics = list(dict.fromkeys(m.topic for m in seen))
+    assert topics == [f"lapidus/public/t/{i}" for i in (1, 2, 3)]
+    row = wait_until(lambda: (lambda r: r if r.get("dead_letters") == 1 else None)(
+        status(proc.config_path)["pg"]), 10, message="one dead letter")
+    assert row["state"] == "RUNNING"
+    assert "Not authorized" in proc.log() and "lapidus/public/secret/1" in proc.log()
+
+
 def test_a_wrong_url_scheme_is_one_clear_error_of_lapidus_t(tmp_path):
     config = tmp_path / "lapidus.json"
     config.write_text(json.dumps({
