@@ -18,7 +18,9 @@ BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
            "nats": "lapidus.sinks.nats:NatsSink",
            "exec": "lapidus.sinks.exec:ExecSink",
            "redis": "lapidus.sinks.redis:RedisSink",
-           "rabbitmq": "lapidus.sinks.rabbitmq:RabbitmqSink"}
+           "rabbitmq": "lapidus.sinks.rabbitmq:RabbitmqSink",
+           "webhook": "lapidus.sinks.webhook:WebhookSink",
+           "mqtt": "lapidus.sinks.mqtt:MqttSink"}
 
 
 def available() -> Dict[str, str]:

@@ -13,14 +13,14 @@ import pytest
 
 
 @pytest.fixture
-def webhook_plugin(tmp_path):
-    """A package ``lapidus_webhook`` and its dist-info, on a directory put on PYTHONPATH."""
+def pager_plugin(tmp_path):
+    """A package ``lapidus_pager`` and its dist-info, on a directory put on PYTHONPATH."""
     site = tmp_path / "site"
-    (site / "lapidus_webhook").mkdir(parents=True)
-    (site / "lapidus_webhook" / "__init__.py").write_text(textwrap.dedent("""
+    (site / "lapidus_pager").mkdir(parents=True)
+    (site / "lapidus_pager" / "__init__.py").write_text(textwrap.dedent("""
         from lapidus.sinks.base import Sink
 
-        class WebhookSink(Sink):
+        class PagerSink(Sink):
             @classmethod
             def validate(cls, options):
                 if not isinstance(options.get("url"), str):
@@ -30,11 +30,11 @@ def webhook_plugin(tmp_path):
             async def send(self, records):
                 pass
     """))
-    info = site / "lapidus_webhook-1.0.dist-info"
+    info = site / "lapidus_pager-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lapidus-webhook\nVersion: 1.0\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lapidus-pager\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
-        "[lapidus.plugins]\nwebhook = lapidus_webhook:WebhookSink\n")
+        "[lapidus.plugins]\npager = lapidus_pager:PagerSink\n")
     return site
 
 
@@ -52,17 +52,17 @@ def check(tmp_path, site, plugins: dict):
     return result.returncode, result.stdout + result.stderr
 
 
-def test_a_third_party_plugin_is_found_and_its_options_checked(tmp_path, webhook_plugin):
-    code, out = check(tmp_path, webhook_plugin, {"webhook": {"url": "https://example.test/"}})
+def test_a_third_party_plugin_is_found_and_its_options_checked(tmp_path, pager_plugin):
+    code, out = check(tmp_path, pager_plugin, {"pager": {"url": "https://example.test/"}})
     assert code == 0, out
-    code, out = check(tmp_path, webhook_plugin, {"webhook": {}})
+    code, out = check(tmp_path, pager_plugin, {"pager": {}})
     assert code == 2
-    assert "plugins.webhook.url: missing: the URL to post to" in out
+    assert "plugins.pager.url: missing: the URL to post to" in out
 
 
 def test_an_unknown_plugin_name_fails_the_check_and_lists_the_installed_ones(tmp_path,
-                                                                             webhook_plugin):
-    code, out = check(tmp_path, webhook_plugin, {"webhok": {}, "nats": {"servr": "x"}})
+                                                                             pager_plugin):
+    code, out = check(tmp_path, pager_plugin, {"pagr": {}, "nats": {"servr": "x"}})
     assert code == 2
-    assert 'plugins.webhok: unknown plugin "webhok"' in out and "webhook" in out
+    assert 'plugins.pagr: unknown plugin "pagr"' in out and "pager" in out
     assert "plugins.nats.servr: unknown option" in out        # every problem, not the first
