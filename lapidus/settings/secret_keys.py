@@ -7,7 +7,8 @@ import re
 from typing import Any
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "seed", "nkey", "creds",
-                 "credential", "apikey", "api_key", "private_key", "access_key")
+                 "credential", "apikey", "api_key", "private_key", "access_key",
+                 "authorization", "cookie")     # HTTP headers that carry credentials
 _SECRET_TOKENS = {"pass", "pwd", "key"}
 
 

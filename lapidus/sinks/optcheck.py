@@ -56,10 +56,13 @@ def type_problem(option: Option, value: Any) -> Optional[str]:
             return None
         return "expected one of " + ", ".join(repr(c) for c in option.choices)
     if kind == "headers":
+        # a None value is a secret whose variable is unset (lapidus -t): not checked
         if not isinstance(value, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                isinstance(k, str) and (v is None or isinstance(v, str))
+                for k, v in value.items()):
             return f"expected a table of header names to string values, got {describe(value)}"
         for name, text in value.items():
+            text = text or ""
             if not name or any(ch in name for ch in " :\t\r\n") or "\r" in text or "\n" in text:
                 return (f'header "{name}" is not valid: a name without spaces or ":", a value '
                         f"without line breaks")
