@@ -16,7 +16,8 @@ GROUP = "lapidus.plugins"
 # Used when the package metadata is not installed (running from a source tree).
 BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
            "nats": "lapidus.sinks.nats:NatsSink",
-           "exec": "lapidus.sinks.exec:ExecSink"}
+           "exec": "lapidus.sinks.exec:ExecSink",
+           "sync": "lapidus.sinks.sync:SyncSink"}
 
 
 def available() -> Dict[str, str]:
