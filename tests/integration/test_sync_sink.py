@@ -252,6 +252,8 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
         writer.stop()
     finish(proc, pg_db, target_db, "INSERT INTO t (id, tx) VALUES (-1, -1)")
     assert not torn, f"half a source transaction was visible: {torn[:5]}"
+    assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed
+    assert proc.log().count('"child": "dispatcher", "pid"') >= 2    # ... and the dispatcher
     assert rows(target_db) == rows(pg_db)
     twice = target_db.sql("SELECT t.id, t.version, a.n FROM t JOIN applied a USING (id) "
                           "WHERE a.n <> t.version + 1")
@@ -299,3 +301,71 @@ def test_a_refused_row_goes_to_the_dead_letters_named(pg_db, target_db, lapidus_
     assert entry["sink"] == "sync" and "t_v_check" in entry["error"]
     assert 'key ["2"]' in entry["error"]
     assert entry["fix"]
+
+
+# ------------------------------------------------------------------ MariaDB -> PostgreSQL
+
+pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
+pytest_plugins = ["tests.integration.mysql_fixtures"]
+
+MY_TABLE = """CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(40), n DECIMAL(30,9), b BLOB,
+    j JSON, dt DATETIME(6), ts TIMESTAMP(6) NULL, d DATE, f DOUBLE, ok TINYINT(1),
+    e ENUM('small', 'large'), s SET('a', 'b', 'c'), big BIGINT UNSIGNED)"""
+
+PG_TABLE = """CREATE TABLE crm.t (id int PRIMARY KEY, v text, n numeric(30,9), b bytea, j jsonb,
+    dt timestamp, ts timestamptz, d date, f float8, ok boolean, e text, s text[], big numeric)"""
+
+
+def my_rows(sql):
+    out = []
+    for row in sql.rows("SELECT id, v, n, b, j, dt, ts, d, f, ok, e, s, big FROM t ORDER BY id"):
+        (id_, v, n, b, j, dt, ts, d, f, ok, e, s, big) = row
+        out.append((id_, v, None if n is None else str(n), b,
+                    None if j is None else json.loads(j, parse_float=str),
+                    dt, ts, d, f, None if ok is None else bool(ok), e,
+                    None if s is None else sorted(s.split(",")) if s else [],
+                    None if big is None else str(big)))
+    return out
+
+
+def pg_rows(target):
+    out = []
+    for row in target.sql("SELECT id, v, n::text, b, j::text, dt, ts AT TIME ZONE 'UTC', d, f, "
+                          "ok, e, s, big::text FROM crm.t ORDER BY id"):
+        row = list(row)
+        row[3] = None if row[3] is None else bytes(row[3])
+        row[4] = None if row[4] is None else json.loads(row[4], parse_float=str)
+        row[11] = None if row[11] is None else sorted(row[11])
+        out.append(tuple(row))
+    return out
+
+
+def test_mariadb_to_postgresql_under_a_load(sql, target_db, lapidus_factory):
+    from tests.integration.mysql_fixtures import lapidus_backend
+    sql.run(MY_TABLE, "CREATE TABLE flush (id INT PRIMARY KEY)", "SET time_zone = '+00:00'")
+    target_db.sql("CREATE SCHEMA crm", PG_TABLE)    # "flush" is created by create_tables
+    proc = lapidus_factory({"backends": [lapidus_backend("crm")],
+                            "plugins": sync_plugin(target_db)})
+    until(proc, lambda: backend_status(proc.config_path).get("state") == "RUNNING", 30,
+          "the backend to run")
+    rnd = random.Random(3)
+    sql.run("INSERT INTO t (id) VALUES (0)")                     # a row of NULLs
+    for chunk in range(40):                                    # 20k rows, 500 a transaction
+        values = ",".join(
+            f"({i}, 'r{i}', {i}.123456789, UNHEX(MD5({i})), "
+            f"'{{\"k\": {i}, \"exact\": 12345678901234567890.000000001}}', "
+            f"'2026-11-30 11:33:35.{i % 1000000:06d}', '2026-11-30 11:33:35.5', '2026-11-30', "
+            f"{i / 3.0!r}, {i % 2}, 'large', 'a,c', 18446744073709551615)"
+            for i in range(chunk * 500 + 1, chunk * 500 + 501))
+        sql.run(f"INSERT INTO t VALUES {values}")
+        for _ in range(25):                                    # the writer meanwhile
+            i = rnd.randint(1, chunk * 500 + 500)
+            if rnd.random() < 0.7:
+                sql.run("UPDATE t SET v = %s, n = n + 0.000000001, j = JSON_SET(j, '$.w', 1.10) "
+                        "WHERE id = %s", args=(f"u{i}", i))
+            else:
+                sql.run("DELETE FROM t WHERE id = %s", args=(i,))
+    sql.run("INSERT INTO t (id) VALUES (-1)", "INSERT INTO flush VALUES (1)")
+    until(proc, lambda: has_row(target_db, "crm.t", -1), 60, "the sentinel in the target")
+    assert len(pg_rows(target_db)) > 19000
+    assert pg_rows(target_db) == my_rows(sql)
