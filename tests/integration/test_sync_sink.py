@@ -281,6 +281,26 @@ def test_schema_changes_are_applied_in_order(pg_db, target_db, lapidus_factory):
         [(-1, None, None), (1, "a", "1.25"), (2, "b", "2.50"), (3, "c", "3.75")]
 
 
+def test_toast_unchanged_truncate_and_a_changed_key(pg_db, target_db, lapidus_factory):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, big text, v int)",
+              "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",   # stored out of line
+              "CREATE TABLE flush (id int PRIMARY KEY)")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput")],
+        "plugins": sync_plugin(target_db)})
+    until(proc, lambda: backend_status(proc.config_path).get("state") == "RUNNING", 30,
+          "the backend to run")
+    pg_db.sql("INSERT INTO t SELECT g, repeat(md5(g::text), 400), g FROM generate_series(1, 3) g",
+              "UPDATE t SET v = 10 WHERE id = 1",            # big unchanged: not in the WAL
+              "UPDATE t SET id = 30 WHERE id = 3",           # a changed key
+              "CREATE TABLE other (id int PRIMARY KEY)", "INSERT INTO other VALUES (1)",
+              "TRUNCATE other", "INSERT INTO other VALUES (2)")
+    finish(proc, pg_db, target_db, "INSERT INTO t VALUES (-1, '', 0)")
+    assert target_db.sql("SELECT id, md5(big), v FROM t ORDER BY id") == \
+        pg_db.sql("SELECT id, md5(big), v FROM t ORDER BY id")
+    assert target_db.sql("SELECT id FROM other") == [(2,)]
+
+
 def test_a_refused_row_goes_to_the_dead_letters_named(pg_db, target_db, lapidus_factory):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)",
               "CREATE TABLE flush (id int PRIMARY KEY)")

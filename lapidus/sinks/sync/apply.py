@@ -140,11 +140,11 @@ class Applier:
                     item = event.get("item") or {}
                     cols = tuple(k for k in item if not unchanged or k not in unchanged)
                     shape = (kind == "read", info.label, cols)
-                    old = self._moved_key(info, record, event)
-                    if old:
+                    if self._moved_key(info, record, event):
                         self._flush(cur, run, run_shape)
                         run, run_shape, run_keys = [], None, set()
-                        self._delete(cur, info, [(record, index)], "before", record)
+                        if self._move(cur, info, record, cols, index):
+                            continue
                 if shape != run_shape or record.key in run_keys:
                     self._flush(cur, run, run_shape)
                     run, run_shape, run_keys = [], shape, set()
@@ -175,6 +175,24 @@ class Applier:
             if source in before and source in item and before[source] != item[source]:
                 return True
         return False
+
+    def _move(self, cur, info: TableInfo, record: Record, names, index: int) -> bool:
+        """An update that changed the key, as an UPDATE of the row under the old key, so
+        that columns the event does not carry (TOAST ``unchanged``) move with it; False when
+        the target has no row under the old key (then it is an upsert)."""
+        cols = self._columns(info, record, names, index)
+        inverse = {t: s for s, t in self.column_names(record.schema, record.table).items()}
+        cur.execute(sql.SQL("UPDATE {} AS t SET {} FROM jsonb_array_elements(%s::jsonb) AS r(v) "
+                            "WHERE {}").format(
+            info.ident,
+            sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(c.name),
+                                                         value_expr(c, source))
+                               for source, c in cols),
+            sql.SQL(" AND ").join(sql.SQL("t.{} = {}").format(
+                sql.Identifier(k), value_expr(info.columns[k], inverse.get(k, k), "before"))
+                for k in info.pk)),
+            (self._payload([record]),))
+        return cur.rowcount > 0
 
     def _flush(self, cur, run: list, shape: Optional[tuple]) -> None:
         if not run:
