@@ -281,6 +281,24 @@ def test_schema_changes_are_applied_in_order(pg_db, target_db, lapidus_factory):
         [(-1, None, None), (1, "a", "1.25"), (2, "b", "2.50"), (3, "c", "3.75")]
 
 
+def test_a_column_rename_through_the_ddl_capture(pg_db, target_db, lapidus_factory):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, a text)",
+              "CREATE TABLE flush (id int PRIMARY KEY)")
+    target_db.sql("CREATE TABLE t (id int PRIMARY KEY, a text)")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput")],
+        "plugins": sync_plugin(target_db)})
+    until(proc, lambda: backend_status(proc.config_path).get("state") == "RUNNING", 30,
+          "the backend to run")
+    code, out, err = ctl(proc.config_path, "install-ddl-capture", "pg")
+    assert code == 0, err
+    pg_db.sql("INSERT INTO t VALUES (1, 'kept')", "ALTER TABLE t RENAME COLUMN a TO title",
+              "INSERT INTO t VALUES (2, 'new')")
+    finish(proc, pg_db, target_db, "INSERT INTO t VALUES (-1, 'end')")
+    assert target_db.sql("SELECT id, title FROM t ORDER BY id") == \
+        [(-1, "end"), (1, "kept"), (2, "new")]
+
+
 def test_toast_unchanged_truncate_and_a_changed_key(pg_db, target_db, lapidus_factory):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, big text, v int)",
               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",   # stored out of line

@@ -178,6 +178,8 @@ class SyncSink(Sink):
                 self.applier.mysql = True
             if cursor.admits(record, stream, key):
                 work.append((record, index, stream, key))
+        if not work:
+            return      # all of it is in the target already (a replay after a restart)
         groups: List[List[tuple]] = []
         for entry in work:
             if groups and groups[-1][0][2:] == entry[2:]:
