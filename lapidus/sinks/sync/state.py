@@ -17,12 +17,15 @@ and its cursor are of the same moment.
 from __future__ import annotations
 
 import json
+
+import orjson
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from psycopg2 import sql
 
 from ...events import Record
+from .order import order_of
 
 STATE = "lapidus_sync_state"
 PENDING = "lapidus_sync_pending"
@@ -75,10 +78,11 @@ def ensure_tables(cur, state_schema: str) -> None:
         "CREATE TABLE IF NOT EXISTS {}.{} (backend text PRIMARY KEY, cursor jsonb NOT NULL, "
         "open jsonb, last_id text, applied_at timestamptz NOT NULL DEFAULT now())"
     ).format(ident, sql.Identifier(STATE)))
+    # held events as one row per delivery that added some (one parameter, not one row per
+    # event: a batch cut inside a large transaction costs one INSERT)
     cur.execute(sql.SQL(
         "CREATE TABLE IF NOT EXISTS {}.{} (backend text NOT NULL, seq int NOT NULL, "
-        "id text NOT NULL, type text NOT NULL, schema_name text, table_name text, key jsonb, "
-        "position text NOT NULL, data bytea NOT NULL, PRIMARY KEY (backend, seq))"
+        "records bytea NOT NULL, PRIMARY KEY (backend, seq))"
     ).format(ident, sql.Identifier(PENDING)))
 
 
@@ -93,13 +97,12 @@ def load(cur, state_schema: str, backend: str) -> Cursor:
         if row[1]:
             cursor.open_group = (row[1]["stream"], int(row[1]["key"]))
             cursor.open_ids = set(row[1]["ids"])
-    cur.execute(sql.SQL("SELECT id, type, schema_name, table_name, key, position, data "
-                        "FROM {}.{} WHERE backend = %s ORDER BY seq").format(
+    cur.execute(sql.SQL("SELECT records FROM {}.{} WHERE backend = %s ORDER BY seq").format(
         ident, sql.Identifier(PENDING)), (backend,))
-    pending = [Record(i, t, s, n, tuple(k) if k is not None else None, p, bytes(d))
-               for i, t, s, n, k, p, d in cur.fetchall()]
+    pending = [Record(i, t, s, n, tuple(k) if k is not None else None, p, d.encode("utf-8"))
+               for (blob,) in cur.fetchall()
+               for i, t, s, n, k, p, d in orjson.loads(bytes(blob))]
     if pending:
-        from .order import order_of
         cursor.hold(pending, order_of(pending[0].position))
     return cursor
 
@@ -126,10 +129,10 @@ def save(cur, state_schema: str, backend: str, cursor: Cursor, last_id: Optional
         cur.execute(sql.SQL("DELETE FROM {}.{} WHERE backend = %s").format(
             ident, sql.Identifier(PENDING)), (backend,))
     if cursor.pending[keep:]:
-        from psycopg2.extras import execute_values
-        execute_values(cur, sql.SQL(
-            "INSERT INTO {}.{} (backend, seq, id, type, schema_name, table_name, key, "
-            "position, data) VALUES %s").format(ident, sql.Identifier(PENDING)).as_string(cur),
-            [(backend, n, r.id, r.type, r.schema, r.table,
-              json.dumps(list(r.key)) if r.key is not None else None, r.position, r.data)
-             for n, r in enumerate(cursor.pending) if n >= keep], page_size=500)
+        blob = orjson.dumps([[r.id, r.type, r.schema, r.table,
+                              list(r.key) if r.key is not None else None, r.position,
+                              r.data.decode("utf-8")] for r in cursor.pending[keep:]])
+        cur.execute(sql.SQL("INSERT INTO {}.{} (backend, seq, records) SELECT %s, "
+                            "COALESCE(max(seq) + 1, 0), %s FROM {}.{} WHERE backend = %s").format(
+            ident, sql.Identifier(PENDING), ident, sql.Identifier(PENDING)),
+            (backend, blob, backend))
