@@ -35,13 +35,19 @@ class Refused(Exception):
         self.index, self.reason, self.fix = index, reason, fix
 
 
+# Each event's item, pk and before are taken out of it once per row, not once per column.
+ROWS = sql.SQL("(SELECT v->'item' AS item, v->'pk' AS pk, v->'before' AS before "
+               "FROM jsonb_array_elements(%s::jsonb) AS e(v)) AS r")
+
+
 def _text(path: str, source: str) -> sql.Composable:
-    return sql.SQL("(r.v->{}->>{})").format(sql.Literal(path), sql.Literal(source))
+    return sql.SQL("(r.{}->>{})").format(sql.Identifier(path), sql.Literal(source))
 
 
 def value_expr(column: tables.Column, source: str, path: str = "item") -> sql.Composable:
-    """SQL taking ``source`` out of the event ``r.v`` as ``column``'s type."""
-    node = sql.SQL("(r.v->{}->{})").format(sql.Literal(path), sql.Literal(source))
+    """SQL taking ``source`` out of the event's ``path`` (item, pk, before: columns of
+    :data:`ROWS`) as ``column``'s type."""
+    node = sql.SQL("(r.{}->{})").format(sql.Identifier(path), sql.Literal(source))
     if column.kind == "bytea":
         return sql.SQL("decode({}, 'base64')").format(_text(path, source))
     if column.kind in ("json", "jsonb"):
@@ -182,12 +188,12 @@ class Applier:
         the target has no row under the old key (then it is an upsert)."""
         cols = self._columns(info, record, names, index)
         inverse = {t: s for s, t in self.column_names(record.schema, record.table).items()}
-        cur.execute(sql.SQL("UPDATE {} AS t SET {} FROM jsonb_array_elements(%s::jsonb) AS r(v) "
-                            "WHERE {}").format(
+        cur.execute(sql.SQL("UPDATE {} AS t SET {} FROM {} WHERE {}").format(
             info.ident,
             sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(c.name),
                                                          value_expr(c, source))
                                for source, c in cols),
+            ROWS,
             sql.SQL(" AND ").join(sql.SQL("t.{} = {}").format(
                 sql.Identifier(k), value_expr(info.columns[k], inverse.get(k, k), "before"))
                 for k in info.pk)),
@@ -236,9 +242,9 @@ class Applier:
         ident = sql.SQL(", ").join(map(sql.Identifier, targets))
         values = sql.SQL(", ").join(value_expr(c, s) for s, c in cols)
         rest = [t for t in targets if t not in info.pk]
-        statement = sql.SQL("INSERT INTO {t} AS t ({c}) SELECT {v} FROM "
-                            "jsonb_array_elements(%s::jsonb) AS r(v) ON CONFLICT ({k}) ").format(
-            t=info.ident, c=ident, v=values, k=sql.SQL(", ").join(map(sql.Identifier, info.pk)))
+        statement = sql.SQL("INSERT INTO {t} AS t ({c}) SELECT {v} FROM {r} "
+                            "ON CONFLICT ({k}) ").format(
+            t=info.ident, r=ROWS, c=ident, v=values, k=sql.SQL(", ").join(map(sql.Identifier, info.pk)))
         if rest:
             statement += sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(t)) for t in rest))
@@ -265,8 +271,8 @@ class Applier:
             sql.SQL("t.{} = {}").format(sql.Identifier(k),
                                         value_expr(info.columns[k], back.get(k, k), path))
             for k in info.pk)
-        cur.execute(sql.SQL("DELETE FROM {} AS t USING jsonb_array_elements(%s::jsonb) AS r(v) "
-                            "WHERE {}").format(info.ident, cond),
+        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} WHERE {}").format(
+            info.ident, ROWS, cond),
                     (self._payload(r for r, _ in run),))
 
     def _schema(self, cur, record: Record, event: dict, index: int) -> None:
