@@ -97,7 +97,7 @@ def has_row(db, table, key):
 def finish(proc, source, target, sentinel_sql, table="t", key=-1, timeout=60):
     """Write a sentinel, then one more transaction (which shows the sentinel's is complete),
     and wait for the sentinel in the target: everything before it is applied then."""
-    source.sql(sentinel_sql, "INSERT INTO flush VALUES (1) ON CONFLICT DO NOTHING")
+    source.sql(sentinel_sql, "INSERT INTO flush SELECT coalesce(max(id), 0) + 1 FROM flush")
     until(proc, lambda: has_row(target, table, key), timeout, "the sentinel in the target")
 
 
@@ -407,3 +407,27 @@ def test_mariadb_to_postgresql_under_a_load(sql, target_db, lapidus_factory):
     until(proc, lambda: has_row(target_db, "crm.t", -1), 60, "the sentinel in the target")
     assert len(pg_rows(target_db)) > 19000
     assert pg_rows(target_db) == my_rows(sql)
+
+
+def test_an_ambiguous_rename_holds_the_backend_until_the_target_is_changed(
+        pg_db, target_db, lapidus_factory):
+    """Without the DDL capture a rename arrives as a relation message in which one column
+    went and another came: refused (held, named) until the operator changes the target."""
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, a text)",
+              "CREATE TABLE flush (id int PRIMARY KEY)")
+    target_db.sql("CREATE TABLE t (id int PRIMARY KEY, a text)")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput")],
+        "plugins": sync_plugin(target_db)})
+    until(proc, lambda: backend_status(proc.config_path).get("state") == "RUNNING", 30,
+          "the backend to run")
+    pg_db.sql("INSERT INTO t VALUES (1, 'kept')", "ALTER TABLE t RENAME COLUMN a TO title",
+              "INSERT INTO t VALUES (2, 'new')", "INSERT INTO flush VALUES (1)")
+    held = until(proc, lambda: (backend_status(proc.config_path).get("undeliverable") or {})
+                 .get("sync"), 30, "the schema change to be refused")
+    assert "cannot be told apart" in held["error"] and "install-ddl-capture" in held["fix"]
+    assert target_db.sql("SELECT id, a FROM t") == [(1, "kept")]   # nothing after it
+    target_db.sql("ALTER TABLE t RENAME COLUMN a TO title")        # the operator's fix
+    finish(proc, pg_db, target_db, "INSERT INTO t VALUES (-1, 'end')")
+    assert target_db.sql("SELECT id, title FROM t ORDER BY id") == \
+        [(-1, "end"), (1, "kept"), (2, "new")]

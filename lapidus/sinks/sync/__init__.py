@@ -194,35 +194,66 @@ class SyncSink(Sink):
         had_pending = len(cursor.pending)
         for n, chunk in enumerate(chunks):
             last = n == len(chunks) - 1
-            entries = [e for group in chunk for e in group]
-            if entries:
-                self._apply(entries)
-            for group in chunk:
-                stream, key = group[0][2], group[0][3]
-                partial = all(completes_itself(e[0].type, e[0].data) for e in group)
-                cursor.applied(stream, key, [e[0].id for e in group] if partial else [],
-                               partial)
-            keep = 0
-            if last:
-                tail_records = [e[0] for e in tail]
-                # the held events go on in the same transaction: store only the new ones
-                if had_pending and n == 0 and not entries and \
-                        [r.id for r in tail_records[:had_pending]] == \
-                        [r.id for r in cursor.pending]:
-                    keep = had_pending
-                cursor.hold(tail_records, (tail[0][2], tail[0][3]) if tail else None)
-            elif n == 0 and had_pending:
-                cursor.hold([], None)     # applied in this transaction: no longer held
-            changed = (last or n == 0) and (had_pending or (last and tail))
-            last_id = entries[-1][0].id if entries else None
-            with self.conn.cursor() as cur:
-                state.save(cur, self.config.state_schema, self.backend, cursor, last_id,
-                           bool(changed), keep=keep)
-            self.conn.commit()
-            self.cursor = cursor.copy()
-            self.applied += len(entries)
+            try:
+                self._commit(cursor, chunk, n == 0, tail if last else None, had_pending)
+            except Refused as refused:
+                # what comes before the refused event's transaction is applied: the target
+                # then stands right before it while the backend is held there
+                self._rollback()
+                before = next((g for g, group in enumerate(chunk)
+                               if any(e[1] == refused.index for e in group)), len(chunk))
+                if before:
+                    self._commit(cursor, chunk[:before], n == 0, None, had_pending)
+                raise
 
-    def _apply(self, entries: List[tuple]) -> None:
+    def _commit(self, cursor: state.Cursor, chunk: List[List[tuple]], first: bool,
+                tail: Optional[List[tuple]], had_pending: int) -> None:
+        """One target transaction: the groups of ``chunk``, the cursor after them, and, for
+        the delivery's last one (``tail`` not None), the events held from now on."""
+        entries = [e for group in chunk for e in group]
+        if entries:
+            self._apply(entries)
+        for group in chunk:
+            stream, key = group[0][2], group[0][3]
+            partial = all(completes_itself(e[0].type, e[0].data) for e in group)
+            cursor.applied(stream, key, [e[0].id for e in group] if partial else [], partial)
+        keep = 0
+        changed = False
+        if tail:
+            self._try(tail)
+        if tail is not None:
+            tail_records = [e[0] for e in tail]
+            # the held events go on in the same transaction: store only the new ones
+            if had_pending and first and not entries and \
+                    [r.id for r in tail_records[:had_pending]] == [r.id for r in cursor.pending]:
+                keep = had_pending
+            cursor.hold(tail_records, (tail[0][2], tail[0][3]) if tail else None)
+            changed = bool(had_pending or tail)
+        elif first and had_pending:
+            cursor.hold([], None)     # applied in this transaction: no longer held
+            changed = True
+        last_id = entries[-1][0].id if entries else None
+        with self.conn.cursor() as cur:
+            state.save(cur, self.config.state_schema, self.backend, cursor, last_id, changed,
+                       keep=keep)
+        self.conn.commit()
+        self.cursor = cursor.copy()
+        self.applied += len(entries)
+
+    def _try(self, tail: List[tuple]) -> None:
+        """Apply the events to be held and undo it (a savepoint): a row the target refuses
+        is found now, while it has its place in this delivery to be named by, not later,
+        when its transaction's end arrives in another delivery."""
+        with self.conn.cursor() as cur:
+            cur.execute("SAVEPOINT lapidus_sync_tail")
+        try:
+            self._apply(tail, rollback=False)
+        finally:
+            with self.conn.cursor() as cur:
+                cur.execute("ROLLBACK TO SAVEPOINT lapidus_sync_tail")
+            self.applier.forget()
+
+    def _apply(self, entries: List[tuple], rollback: bool = True) -> None:
         """Apply in the open transaction; a refused row is found and raised as Refused."""
         batch = [e[0] for e in entries]
         events = [decode(r) for r in batch]
@@ -233,13 +264,20 @@ class SyncSink(Sink):
         except psycopg2.Error as exc:
             if not _refusing(exc):
                 raise
-            self.conn.rollback()
             self.applier.forget()
+            if not rollback:
+                # inside the savepoint of _try: find the row within it, keep what is before
+                with self.conn.cursor() as cur:
+                    cur.execute("ROLLBACK TO SAVEPOINT lapidus_sync_tail")
+                raise self._culprit(batch, events, indexes, exc, whole=False) from None
+            self.conn.rollback()
             raise self._culprit(batch, events, indexes, exc) from None
 
-    def _culprit(self, batch, events, indexes, first: psycopg2.Error) -> Refused:
+    def _culprit(self, batch, events, indexes, first: psycopg2.Error,
+                 whole: bool = True) -> Refused:
         """Apply one event at a time under savepoints until the one the target refuses;
-        everything is rolled back afterwards (the caller raises)."""
+        everything is rolled back afterwards (the caller raises): the whole transaction, or
+        with ``whole`` false back to the savepoint of :meth:`_try`."""
         try:
             with self.conn.cursor() as cur:
                 for record, event, index in zip(batch, events, indexes):
@@ -249,16 +287,20 @@ class SyncSink(Sink):
                     except psycopg2.Error as exc:
                         if not _refusing(exc):
                             raise
+                        key = json.dumps(list(record.key or ()))
                         return Refused(index, f"sync: the target refuses event {record.id} "
                                               f"({record.type} on {record.schema}."
-                                              f"{record.table}, key {json.dumps(list(record.key or ()))}):"
-                                              f" {_first_line(exc)}",
+                                              f"{record.table}, key {key}): {_first_line(exc)}",
                                        "change the target (constraint, type, trigger) so it "
                                        "accepts the row, or set on_undeliverable = "
                                        "\"dead_letter\" to set it aside")
                     cur.execute("RELEASE SAVEPOINT lapidus_sync_row")
         finally:
-            self.conn.rollback()
+            if whole:
+                self.conn.rollback()
+            else:
+                with self.conn.cursor() as cur:
+                    cur.execute("ROLLBACK TO SAVEPOINT lapidus_sync_tail")
             self.applier.forget()
         return Refused(indexes[0], f"sync: the target refuses a batch: {_first_line(first)}",
                        "see the target's log")
