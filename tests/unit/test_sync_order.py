@@ -29,7 +29,7 @@ def test_positions_order_within_their_stream():
 
 
 def test_only_snapshot_rows_and_plain_messages_complete_themselves():
-    assert completes_itself("read", b"{}")
+    assert completes_itself("read", b"{}") and completes_itself("gap", b"{}")
     assert completes_itself("message", b'{"transactional":false}')
     assert not completes_itself("message", b'{"transactional":true}')
     assert not completes_itself("insert", b"{}")

@@ -15,8 +15,7 @@ between different keys does not matter, and order per key is kept.
 
 from __future__ import annotations
 
-import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import orjson
 from psycopg2 import sql

@@ -51,8 +51,8 @@ def order_of(position: str) -> Tuple[str, int]:
 
 def completes_itself(kind: str, data: bytes) -> bool:
     """An event that is a group of its own right away, never waiting for its transaction's
-    end: snapshot rows (each row stands alone: applying part of a chunk is a correct state)
-    and non-transactional logical messages (their own LSN, no transaction)."""
-    if kind == "read":
+    end: snapshot rows (each row stands alone: applying part of a chunk is a correct state),
+    non-transactional logical messages (their own LSN, no transaction) and gaps."""
+    if kind in ("read", "gap"):
         return True
     return kind == "message" and b'"transactional":false' in data
