@@ -299,6 +299,26 @@ def test_a_column_rename_through_the_ddl_capture(pg_db, target_db, lapidus_facto
         [(-1, "end"), (1, "kept"), (2, "new")]
 
 
+def test_tables_and_columns_mapped_into_another_schema(pg_db, target_db, lapidus_factory):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, a text, n numeric(8,3))",
+              "CREATE TABLE flush (id int PRIMARY KEY)")
+    target_db.sql("CREATE SCHEMA replica",
+                  "CREATE TABLE replica.copy (id int PRIMARY KEY, alpha text, n numeric(8,3))")
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput")],
+        "plugins": sync_plugin(target_db, schema="replica", tables={
+            "public.t": {"table": "copy", "columns": {"a": "alpha"}}})})
+    until(proc, lambda: backend_status(proc.config_path).get("state") == "RUNNING", 30,
+          "the backend to run")
+    pg_db.sql("INSERT INTO t VALUES (1, 'x', 1.5), (2, 'y', 2.25)",
+              "UPDATE t SET a = 'z' WHERE id = 1", "DELETE FROM t WHERE id = 2")
+    finish(proc, pg_db, target_db, "INSERT INTO t VALUES (-1, 'end', 0)", table="replica.copy")
+    assert target_db.sql("SELECT id, alpha, n::text FROM replica.copy ORDER BY id") == \
+        [(-1, "end", "0.000"), (1, "z", "1.500")]
+    # the last source transaction (into flush) waits, held, for a later one to show its end
+    assert target_db.sql("SELECT count(*) FROM lapidus_sync_pending") == [(1,)]
+
+
 def test_toast_unchanged_truncate_and_a_changed_key(pg_db, target_db, lapidus_factory):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, big text, v int)",
               "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",   # stored out of line

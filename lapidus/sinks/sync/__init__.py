@@ -146,6 +146,7 @@ class SyncSink(Sink):
             self._deliver(records)
         except Refused as refused:
             self._rollback()
+            self.applier.forget()     # a table created in the rolled back transaction
             if refused.index < 0:
                 # a held event of an earlier delivery: it has no place in this one to name
                 raise SinkError(f"{refused.reason} (an event held from an earlier batch); "
