@@ -20,7 +20,8 @@ BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
            "redis": "lapidus.sinks.redis:RedisSink",
            "rabbitmq": "lapidus.sinks.rabbitmq:RabbitmqSink",
            "webhook": "lapidus.sinks.webhook:WebhookSink",
-           "mqtt": "lapidus.sinks.mqtt:MqttSink"}
+           "mqtt": "lapidus.sinks.mqtt:MqttSink",
+           "sync": "lapidus.sinks.sync:SyncSink"}
 
 
 def available() -> Dict[str, str]:

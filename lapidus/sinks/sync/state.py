@@ -1,0 +1,138 @@
+"""The target's record of what it already holds: ``lapidus_sync_state`` and the held tail.
+
+Runs in the dispatcher process, in the sync sink's worker thread (psycopg2, blocking).  Both
+tables live in the target and are written in the same target transaction as the rows they
+describe, which is the whole exactly-once argument: after a crash anywhere, the target's rows
+and its cursor are of the same moment.
+
+* ``lapidus_sync_state``: per backend, ``cursor`` = ``{stream: key}`` of the last group
+  (transaction or snapshot chunk, :mod:`.order`) with anything applied, and ``open`` = the ids
+  already applied of that group when it is a snapshot chunk (the only kind of group applied in
+  parts).
+* ``lapidus_sync_pending``: the events of a source transaction that a batch cut (its end was
+  not seen yet).  They are confirmed to the dispatcher, so the worker will not send them again,
+  and applied together with the rest of their transaction when it arrives.
+"""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from psycopg2 import sql
+
+from ...events import Record
+from .order import order_of
+
+STATE = "lapidus_sync_state"
+PENDING = "lapidus_sync_pending"
+
+
+@dataclass
+class Cursor:
+    keys: Dict[str, int] = field(default_factory=dict)
+    open_group: Optional[Tuple[str, int]] = None
+    open_ids: Set[str] = field(default_factory=set)
+    pending: List[Record] = field(default_factory=list)
+    pending_group: Optional[Tuple[str, int]] = None
+    pending_ids: Set[str] = field(default_factory=set)
+
+    def admits(self, record: Record, stream: str, key: int) -> bool:
+        """False for an event the target already holds (applied, or held as pending)."""
+        last = self.keys.get(stream)
+        if last is not None and key < last:
+            return False
+        if last is not None and key == last:
+            # only a snapshot chunk is ever applied in parts; its rows have their own ids
+            return self.open_group == (stream, key) and record.id not in self.open_ids
+        if self.pending_group == (stream, key) and record.id in self.pending_ids:
+            return False
+        return True
+
+    def applied(self, stream: str, key: int, ids: List[str], partial: bool) -> None:
+        if partial:
+            if self.open_group != (stream, key):
+                self.open_group, self.open_ids = (stream, key), set()
+            self.open_ids.update(ids)
+        else:
+            self.open_group, self.open_ids = None, set()
+        self.keys[stream] = key
+
+    def hold(self, records: List[Record], group: Optional[Tuple[str, int]]) -> None:
+        self.pending = list(records)
+        self.pending_group = group if records else None
+        self.pending_ids = {r.id for r in records}
+
+    def copy(self) -> "Cursor":
+        return Cursor(dict(self.keys), self.open_group, set(self.open_ids), list(self.pending),
+                      self.pending_group, set(self.pending_ids))
+
+
+def ensure_tables(cur, state_schema: str) -> None:
+    ident = sql.Identifier(state_schema)
+    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    cur.execute(sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {}.{} (backend text PRIMARY KEY, cursor jsonb NOT NULL, "
+        "open jsonb, last_id text, applied_at timestamptz NOT NULL DEFAULT now())"
+    ).format(ident, sql.Identifier(STATE)))
+    # held events as one row per delivery that added some (one parameter, not one row per
+    # event: a batch cut inside a large transaction costs one INSERT)
+    cur.execute(sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {}.{} (backend text NOT NULL, seq int NOT NULL, "
+        "records bytea NOT NULL, PRIMARY KEY (backend, seq))"
+    ).format(ident, sql.Identifier(PENDING)))
+
+
+def load(cur, state_schema: str, backend: str) -> Cursor:
+    ident = sql.Identifier(state_schema)
+    cur.execute(sql.SQL("SELECT cursor, open FROM {}.{} WHERE backend = %s").format(
+        ident, sql.Identifier(STATE)), (backend,))
+    row = cur.fetchone()
+    cursor = Cursor()
+    if row:
+        cursor.keys = {k: int(v) for k, v in row[0].items()}
+        if row[1]:
+            cursor.open_group = (row[1]["stream"], int(row[1]["key"]))
+            cursor.open_ids = set(row[1]["ids"])
+    cur.execute(sql.SQL("SELECT records FROM {}.{} WHERE backend = %s ORDER BY seq").format(
+        ident, sql.Identifier(PENDING)), (backend,))
+    pending = [Record(i, t, s, n, tuple(k) if k is not None else None, p, d.encode("utf-8"))
+               for (blob,) in cur.fetchall()
+               for i, t, s, n, k, p, d in orjson.loads(bytes(blob))]
+    if pending:
+        cursor.hold(pending, order_of(pending[0].position))
+    return cursor
+
+
+def save(cur, state_schema: str, backend: str, cursor: Cursor, last_id: Optional[str],
+         pending_changed: bool, keep: int = 0) -> None:
+    """Write ``cursor`` (inside the caller's transaction).  ``keep``: the first held events
+    are stored already (a transaction that goes on over several deliveries is not rewritten)."""
+    ident = sql.Identifier(state_schema)
+    open_ = None
+    if cursor.open_group is not None:
+        open_ = json.dumps({"stream": cursor.open_group[0], "key": cursor.open_group[1],
+                            "ids": sorted(cursor.open_ids)})
+    cur.execute(sql.SQL(
+        "INSERT INTO {}.{} (backend, cursor, open, last_id, applied_at) "
+        "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (backend) DO UPDATE SET "
+        "cursor = EXCLUDED.cursor, open = EXCLUDED.open, "
+        "last_id = COALESCE(EXCLUDED.last_id, {}.last_id), applied_at = now()"
+    ).format(ident, sql.Identifier(STATE), sql.Identifier(STATE)),
+        (backend, json.dumps(cursor.keys), open_, last_id))
+    if not pending_changed:
+        return
+    if not keep:
+        cur.execute(sql.SQL("DELETE FROM {}.{} WHERE backend = %s").format(
+            ident, sql.Identifier(PENDING)), (backend,))
+    if cursor.pending[keep:]:
+        blob = orjson.dumps([[r.id, r.type, r.schema, r.table,
+                              list(r.key) if r.key is not None else None, r.position,
+                              r.data.decode("utf-8")] for r in cursor.pending[keep:]])
+        cur.execute(sql.SQL("INSERT INTO {}.{} (backend, seq, records) SELECT %s, "
+                            "COALESCE(max(seq) + 1, 0), %s FROM {}.{} WHERE backend = %s").format(
+            ident, sql.Identifier(PENDING), ident, sql.Identifier(PENDING)),
+            (backend, blob, backend))
