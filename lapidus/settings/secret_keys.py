@@ -8,7 +8,8 @@ from typing import Any
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "seed", "nkey", "creds",
                  "credential", "apikey", "api_key", "private_key", "access_key",
-                 "authorization", "cookie")     # HTTP headers that carry credentials
+                 "authorization", "cookie",     # HTTP headers that carry credentials
+                 "dsn")                         # a connection string with its password
 _SECRET_TOKENS = {"pass", "pwd", "key"}
 
 
