@@ -1,4 +1,4 @@
-"""Small pieces shared by the option validators of the redis and rabbitmq sinks.
+"""Typed option tables for sink plugins, and the checks their validators share.
 
 Runs wherever options are validated: the supervisor, ``lapidus -t`` and the dispatcher.  Stdlib
 only (no client library), so a configuration can be checked on a host without the sink's extra.
@@ -23,9 +23,15 @@ Problems = List[Tuple[str, str]]
 
 @dataclass(frozen=True)
 class Option:
-    kind: str            # str | bool | number (seconds, > 0) | count (int >= 1) | file
+    """One declared option.  ``kind``: str | file (a path, checked by :func:`file_problem`)
+    | bool | number (seconds, > 0) | count (int >= 1) | choice (one of ``choices``) |
+    headers (a table of header names to strings)."""
+
+    kind: str
     default: Any
     help: str
+    secret: bool = False
+    choices: Tuple[Any, ...] = ()
 
 
 def describe(value: Any) -> str:
@@ -34,11 +40,13 @@ def describe(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def type_problem(kind: str, value: Any) -> Optional[str]:
+def type_problem(option: Option, value: Any) -> Optional[str]:
+    kind = option.kind
     if kind in ("str", "file"):
         return None if isinstance(value, str) else f"expected a string, got {describe(value)}"
     if kind == "bool":
-        return None if isinstance(value, bool) else f"expected true or false, got {describe(value)}"
+        return None if isinstance(value, bool) else \
+            f"expected true or false, got {describe(value)}"
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"expected a number of seconds, got {describe(value)}"
@@ -47,28 +55,51 @@ def type_problem(kind: str, value: Any) -> Optional[str]:
         if isinstance(value, bool) or not isinstance(value, int):
             return f"expected a whole number, got {describe(value)}"
         return None if value >= 1 else f"must be at least 1, got {value}"
+    if kind == "choice":
+        if value in option.choices and type(value) in {type(c) for c in option.choices}:
+            return None
+        return "expected one of " + ", ".join(repr(c) for c in option.choices)
+    if kind == "headers":
+        # a None value is a secret whose variable is unset (lapidus -t): not checked
+        if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and (v is None or isinstance(v, str))
+                for k, v in value.items()):
+            return f"expected a table of header names to string values, got {describe(value)}"
+        for name, text in value.items():
+            text = text or ""
+            if not name or any(ch in name for ch in " :\t\r\n") or "\r" in text or "\n" in text:
+                return (f'header "{name}" is not valid: a name without spaces or ":", a value '
+                        f"without line breaks")
+        return None
     raise AssertionError(kind)
 
 
-def check_types(plugin: str, declared: Mapping[str, Option], options: Mapping[str, Any],
-                problems: Problems) -> Dict[str, Any]:
-    """Unknown keys (with a did-you-mean) and wrong types go to ``problems``; returns the
-    values that have the right type (``null`` means "the default" and is left out)."""
+def check(options: Mapping[str, Any], declared: Mapping[str, Option],
+          plugin: str) -> Tuple[Dict[str, Any], Problems]:
+    """``(values, problems)``: the options of the right type (JSON null meaning "the
+    default", hence left out) and a problem for each unknown key or wrong type."""
     values: Dict[str, Any] = {}
+    problems: Problems = []
     for key, value in options.items():
         if key not in declared:
             near = suggest(key, list(declared)) if isinstance(key, str) else None
             hint = f' (did you mean "{near}"?)' if near else ""
-            problems.append((key, f"unknown option for the {plugin} plugin{hint}"))
+            problems.append((str(key), f"unknown option for the {plugin} plugin{hint}"))
             continue
         if value is None:
             continue
-        problem = type_problem(declared[key].kind, value)
+        problem = type_problem(declared[key], value)
         if problem:
             problems.append((key, problem))
             continue
         values[key] = value
-    return values
+    return values, problems
+
+
+def with_defaults(values: Mapping[str, Any], declared: Mapping[str, Option]) -> Dict[str, Any]:
+    out = {key: option.default for key, option in declared.items()}
+    out.update(values)
+    return out
 
 
 def url_problem(url: str, schemes: Sequence[str], example: str) -> Optional[str]:
@@ -108,9 +139,9 @@ def file_problem(path: str) -> Optional[str]:
     return None
 
 
-def missing_extra(module: str, package: str, extra: str) -> Optional[Tuple[str, str]]:
-    """The problem to report when the sink's client library is not installed, else None."""
-    if importlib.util.find_spec(module) is not None:
-        return None
-    return ("", f"needs the {package} package, which is not installed "
-                f"(pip install 'lapidus[{extra}]')")
+def missing_extra(module: str, package: str, extra: str) -> Problems:
+    """The problem of a client library that is not installed, naming the extra."""
+    if importlib.util.find_spec(module) is None:
+        return [("", f"needs the {package} package, which is not installed "
+                     f"(pip install 'lapidus[{extra}]')")]
+    return []

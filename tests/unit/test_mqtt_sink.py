@@ -8,7 +8,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lapidus.events import Record
-from lapidus.sinks import optcheck
+from lapidus.sinks import optionkit
 from lapidus.sinks.mqtt.connection import settings_fix
 from lapidus.sinks.mqtt.options import MqttOptions, validate
 from lapidus.sinks.mqtt.properties import PropertiesBuilder
@@ -31,8 +31,8 @@ def test_options_are_checked_by_key_without_echoing_values():
 
 
 def test_a_missing_aiomqtt_names_the_extra(monkeypatch):
-    real = optcheck.importlib.util.find_spec
-    monkeypatch.setattr(optcheck.importlib.util, "find_spec",
+    real = optionkit.importlib.util.find_spec
+    monkeypatch.setattr(optionkit.importlib.util, "find_spec",
                         lambda name: None if name == "aiomqtt" else real(name))
     assert validate({}) == [("", "needs the aiomqtt package, which is not installed "
                                  "(pip install 'lapidus[mqtt]')")]

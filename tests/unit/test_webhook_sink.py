@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lapidus.events import Record
-from lapidus.sinks import optcheck
+from lapidus.sinks import optionkit
 from lapidus.sinks.base import UndeliverableError
 from lapidus.sinks.webhook import WebhookSink, answers
 from lapidus.sinks.webhook.options import WebhookOptions, validate
@@ -41,8 +41,8 @@ def test_options_are_checked_by_key_without_echoing_values():
 
 
 def test_a_missing_aiohttp_names_the_extra(monkeypatch):
-    real = optcheck.importlib.util.find_spec
-    monkeypatch.setattr(optcheck.importlib.util, "find_spec",
+    real = optionkit.importlib.util.find_spec
+    monkeypatch.setattr(optionkit.importlib.util, "find_spec",
                         lambda name: None if name == "aiohttp" else real(name))
     assert validate({"url": "http://h/"}) == [
         ("", "needs the aiohttp package, which is not installed (pip install "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import unquote, urlsplit
 
-from ..optcheck import Option, Problems, check, missing_extra, with_defaults
+from ..optionkit import Option, Problems, check, missing_extra, with_defaults
 from .topics import check_prefix
 
 SCHEMES = {"mqtt": 1883, "mqtts": 8883}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from ..optionkit import (Option, Problems, check_types, file_problem, missing_extra,
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
                          redact_url, url_problem)
 
 URL_SCHEMES = ("amqp", "amqps")
@@ -67,8 +67,7 @@ class RabbitOptions:
 
 def validate(options: Mapping[str, Any]) -> Problems:
     """Every problem in ``options`` as ``(key, message)``; empty when they are usable."""
-    problems: Problems = []
-    values = check_types("rabbitmq", OPTIONS, options, problems)
+    values, problems = check(options, OPTIONS, "rabbitmq")
     if "url" in values:
         problem = url_problem(values["url"], URL_SCHEMES, "amqp://user:password@host:5672/vhost")
         if problem:
@@ -89,7 +88,5 @@ def validate(options: Mapping[str, Any]) -> Problems:
         problem = file_problem(values["tls_ca_file"])
         if problem:
             problems.append(("tls_ca_file", problem))
-    missing = missing_extra("aiormq", "aiormq", "rabbitmq")
-    if missing:
-        problems.append(missing)
+    problems += missing_extra("aiormq", "aiormq", "rabbitmq")
     return problems

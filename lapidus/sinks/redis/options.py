@@ -12,7 +12,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from ..optionkit import (Option, Problems, check_types, file_problem, missing_extra,
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
                          redact_url, url_problem)
 
 URL_SCHEMES = ("redis", "rediss")
@@ -87,8 +87,7 @@ def check_stream_template(template: str) -> Optional[str]:
 
 def validate(options: Mapping[str, Any]) -> Problems:
     """Every problem in ``options`` as ``(key, message)``; empty when they are usable."""
-    problems: Problems = []
-    values = check_types("redis", OPTIONS, options, problems)
+    values, problems = check(options, OPTIONS, "redis")
     if "url" in values:
         problem = url_problem(values["url"], URL_SCHEMES, "redis://host:6379/0")
         if problem:
@@ -101,7 +100,5 @@ def validate(options: Mapping[str, Any]) -> Problems:
         problem = file_problem(values["tls_ca_file"])
         if problem:
             problems.append(("tls_ca_file", problem))
-    missing = missing_extra("redis", "redis", "redis")
-    if missing:
-        problems.append(missing)
+    problems += missing_extra("redis", "redis", "redis")
     return problems

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-from ..optcheck import Option, Problems, check, missing_extra, with_defaults
+from ..optionkit import Option, Problems, check, missing_extra, with_defaults
 
 SCHEMES = ("http", "https")
 
