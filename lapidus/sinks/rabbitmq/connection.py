@@ -21,18 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from typing import Any, Dict, Optional
 
 import aiormq
 from aiormq import exceptions as amqp_errors
 
+from ..reconnecting import ReconnectingLink
 from .options import RabbitOptions
 
-WAITING_LOG_EVERY = 30.0
-OUTAGE_LOG_EVERY = 30.0
-MISCONFIGURED_LOG_EVERY = 300.0
-MISCONFIGURED_RETRY = 5.0
 
 # aiormq logs every connection the broker closes as an error with a traceback, in the plain
 # format of stdlib logging, into Lapidus's JSON log.  The sink logs each loss and reconnection
@@ -74,36 +70,16 @@ def how_to_fix(error: BaseException, options: RabbitOptions) -> Optional[str]:
     return None
 
 
-def describe(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+class Connection(ReconnectingLink):
+    """The connection, its confirming channel and their state
+    (:class:`..reconnecting.ReconnectingLink`)."""
 
+    kind = "rabbitmq"
 
-class Connection:
     def __init__(self, options: RabbitOptions, backend: str, log: Any):
-        self.options = options
-        self.backend = backend
-        self.log = log
-        self.server = options.server
+        super().__init__(options, backend, log)
         self.connection: Optional[aiormq.Connection] = None
         self.channel: Optional[Any] = None
-        self.generation = 0
-        self.last_error: Optional[str] = None
-        self._ready = asyncio.Event()
-        self._down_since: Optional[float] = time.monotonic()
-        self._task: Optional[asyncio.Task] = None
-        self._logged: Dict[str, float] = {}
-        self._closing = False
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._reconnect()
-
-    def _reconnect(self) -> None:
-        if self._closing or (self._task is not None and not self._task.done()):
-            return
-        self._task = asyncio.create_task(self._connect(), name=f"amqp-connect:{self.backend}")
 
     def _tls_context(self) -> Optional[ssl.SSLContext]:
         if self.options.tls_ca_file is None:
@@ -126,44 +102,11 @@ class Connection:
         connection.closing.add_done_callback(lambda f: self._closed(connection, f))
         channel.closing.add_done_callback(lambda f: self._closed(connection, f))
 
-    async def _connect(self) -> None:
-        while True:
-            try:
-                await self._open()
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:      # anything: keep trying, never kill the dispatcher
-                fix = how_to_fix(exc, self.options)
-                retry_in = max(self.options.reconnect_time_wait, MISCONFIGURED_RETRY) if fix \
-                    else self.options.reconnect_time_wait
-                self._failed(exc, fix, retry_in)
-                await asyncio.sleep(retry_in)
-        self.generation += 1
-        down_for = time.monotonic() - self._down_since if self._down_since else 0.0
-        self._down_since = None
-        self.last_error = None
-        self._logged.clear()
-        self._ready.set()
-        self.log.info("rabbitmq connected" if self.generation == 1 else "rabbitmq reconnected",
-                      server=self.server, exchange=self.options.exchange,
-                      after_seconds=round(down_for, 2))
+    def _how_to_fix(self, error: BaseException) -> Optional[str]:
+        return how_to_fix(error, self.options)
 
-    def _failed(self, exc: BaseException, fix: Optional[str], retry_in: float) -> None:
-        text = describe(exc)
-        self.last_error = text + (f"; fix: {fix}" if fix else "")
-        now = time.monotonic()
-        every = MISCONFIGURED_LOG_EVERY if fix else OUTAGE_LOG_EVERY
-        if now - self._logged.get(text, -1e9) < every:
-            return
-        self._logged[text] = now
-        if fix:
-            self.log.error("rabbitmq refuses the connection; events are held back until the "
-                           "settings are fixed", server=self.server, error=text, fix=fix,
-                           retry_in=retry_in)
-        else:
-            self.log.warning("cannot connect to rabbitmq; retrying", server=self.server,
-                             error=text, retry_in=retry_in)
+    def _connected_fields(self) -> Dict[str, Any]:
+        return {"exchange": self.options.exchange}
 
     def _closed(self, connection: Any, future: "asyncio.Future") -> None:
         """The broker (or the network) closed the connection or the channel."""
@@ -172,48 +115,15 @@ class Connection:
         error = None if future.cancelled() else future.exception()
         self.lost(error or ConnectionError("closed"))
 
-    def lost(self, error: BaseException) -> None:
-        """Publishing failed for want of a channel: down from now, reconnect on a new one."""
-        if self._ready.is_set():
-            self._ready.clear()
-            self._down_since = time.monotonic()
-            self.last_error = describe(error)
-            self.log.warning("rabbitmq connection lost; reconnecting", server=self.server,
-                             error=describe(error))
-            old, self.connection, self.channel = self.connection, None, None
-            if old is not None:
-                asyncio.ensure_future(_quietly_close(old))
-        self._reconnect()
+    def _dropped(self) -> None:
+        old, self.connection, self.channel = self.connection, None, None
+        if old is not None:
+            asyncio.ensure_future(_quietly_close(old))
 
     async def close(self) -> None:
-        self._closing = True
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        await self._stop_connecting()
         if self.connection is not None:
             await _quietly_close(self.connection)
-
-    # -- what the sink uses ----------------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    async def wait_ready(self, held: int = 0) -> None:
-        while not self._ready.is_set():
-            try:
-                await asyncio.wait_for(self._ready.wait(), WAITING_LOG_EVERY)
-            except asyncio.TimeoutError:
-                self.log.warning("waiting for rabbitmq; events are held back, none is dropped",
-                                 server=self.server, held_events=held,
-                                 down_for=self.down_seconds(), error=self.last_error)
-
-    def down_seconds(self) -> Optional[float]:
-        since = self._down_since
-        return None if since is None else round(time.monotonic() - since, 1)
-
-    def health(self) -> Dict[str, Any]:
-        return {"connected": self.ready, "down_seconds": self.down_seconds(),
-                "server": self.server, "last_error": self.last_error}
 
 
 async def _quietly_close(connection: Any) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from typing import Any, Dict, Optional
 
 import redis.asyncio as aioredis
@@ -29,12 +28,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
+from ..reconnecting import ReconnectingLink
 from .options import RedisOptions
-
-WAITING_LOG_EVERY = 30.0
-OUTAGE_LOG_EVERY = 30.0
-MISCONFIGURED_LOG_EVERY = 300.0
-MISCONFIGURED_RETRY = 5.0
 
 #: what a failed connection attempt or a lost connection raises
 CONNECTION_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
@@ -65,16 +60,13 @@ def how_to_fix(error: BaseException) -> Optional[str]:
     return None
 
 
-def describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+class Connection(ReconnectingLink):
+    """The client and its connection state (:class:`..reconnecting.ReconnectingLink`)."""
 
+    kind = "redis"
 
-class Connection:
     def __init__(self, options: RedisOptions, backend: str, log: Any):
-        self.options = options
-        self.backend = backend
-        self.log = log
-        self.server = options.server
+        super().__init__(options, backend, log)
         kwargs: Dict[str, Any] = dict(
             socket_connect_timeout=options.connect_timeout,
             socket_timeout=options.reply_timeout,
@@ -87,101 +79,16 @@ class Connection:
         if options.tls_ca_file is not None:
             kwargs["ssl_ca_certs"] = options.tls_ca_file
         self.client = aioredis.Redis.from_url(options.url, **kwargs)
-        self.generation = 0
-        self.last_error: Optional[str] = None
-        self._ready = asyncio.Event()
-        self._down_since: Optional[float] = time.monotonic()
-        self._task: Optional[asyncio.Task] = None
-        self._logged: Dict[str, float] = {}      # error text -> when it was last logged
-        self._closing = False
 
-    # -- lifecycle -------------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self.client.ping()
 
-    def start(self) -> None:
-        self._reconnect()
-
-    def _reconnect(self) -> None:
-        if self._closing or (self._task is not None and not self._task.done()):
-            return
-        self._task = asyncio.create_task(self._connect(), name=f"redis-connect:{self.backend}")
-
-    async def _connect(self) -> None:
-        while True:
-            try:
-                await self.client.ping()
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:      # anything: keep trying, never kill the dispatcher
-                fix = how_to_fix(exc)
-                retry_in = max(self.options.reconnect_time_wait, MISCONFIGURED_RETRY) if fix \
-                    else self.options.reconnect_time_wait
-                self._failed(exc, fix, retry_in)
-                await asyncio.sleep(retry_in)
-        self.generation += 1
-        down_for = time.monotonic() - self._down_since if self._down_since else 0.0
-        self._down_since = None
-        self.last_error = None
-        self._logged.clear()
-        self._ready.set()
-        self.log.info("redis connected" if self.generation == 1 else "redis reconnected",
-                      server=self.server, after_seconds=round(down_for, 2))
-
-    def _failed(self, exc: BaseException, fix: Optional[str], retry_in: float) -> None:
-        text = describe(exc)
-        self.last_error = text + (f"; fix: {fix}" if fix else "")
-        now = time.monotonic()
-        every = MISCONFIGURED_LOG_EVERY if fix else OUTAGE_LOG_EVERY
-        if now - self._logged.get(text, -1e9) < every:
-            return
-        self._logged[text] = now
-        if fix:
-            self.log.error("redis refuses the connection; events are held back until the "
-                           "settings are fixed", server=self.server, error=text, fix=fix,
-                           retry_in=retry_in)
-        else:
-            self.log.warning("cannot connect to redis; retrying", server=self.server,
-                             error=text, retry_in=retry_in)
-
-    def lost(self, error: BaseException) -> None:
-        """A command failed for want of a connection: down from now, reconnect."""
-        if self._ready.is_set():
-            self._ready.clear()
-            self._down_since = time.monotonic()
-            self.last_error = describe(error)
-            self.log.warning("redis connection lost; reconnecting", server=self.server,
-                             error=describe(error))
-        self._reconnect()
+    def _how_to_fix(self, error: BaseException) -> Optional[str]:
+        return how_to_fix(error)
 
     async def close(self) -> None:
-        self._closing = True
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        await self._stop_connecting()
         try:
             await asyncio.wait_for(self.client.aclose(), 5)
         except Exception:      # closing a dead connection: nothing left to save
             pass
-
-    # -- what the sink uses ----------------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    async def wait_ready(self, held: int = 0) -> None:
-        """Return once connected; meanwhile log every 30 s how many events wait."""
-        while not self._ready.is_set():
-            try:
-                await asyncio.wait_for(self._ready.wait(), WAITING_LOG_EVERY)
-            except asyncio.TimeoutError:
-                self.log.warning("waiting for redis; events are held back, none is dropped",
-                                 server=self.server, held_events=held,
-                                 down_for=self.down_seconds(), error=self.last_error)
-
-    def down_seconds(self) -> Optional[float]:
-        since = self._down_since
-        return None if since is None else round(time.monotonic() - since, 1)
-
-    def health(self) -> Dict[str, Any]:
-        return {"connected": self.ready, "down_seconds": self.down_seconds(),
-                "server": self.server, "last_error": self.last_error}
