@@ -139,6 +139,22 @@ def file_problem(path: str) -> Optional[str]:
     return None
 
 
+def parse_into(cls: Any, options: Mapping[str, Any], validate: Any, plugin: str,
+               seconds: Sequence[str] = ()) -> Any:
+    """Options as written -> ``cls(**values)`` (JSON null meaning "the default"; ``seconds``
+    as floats); ValueError listing the problems.  A missing extra is left out: the sink
+    reports it itself when it starts."""
+    problems = [p for p in validate(options) if p[0]]
+    if problems:
+        raise ValueError(f"invalid {plugin} plugin options: " + "; ".join(
+            f"{key}: {message}" for key, message in problems))
+    values = {k: v for k, v in options.items() if v is not None}
+    for key in seconds:
+        if key in values:
+            values[key] = float(values[key])
+    return cls(**values)
+
+
 def missing_extra(module: str, package: str, extra: str) -> Problems:
     """The problem of a client library that is not installed, naming the extra."""
     if importlib.util.find_spec(module) is None:

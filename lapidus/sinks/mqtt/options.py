@@ -8,12 +8,12 @@ Problems name the key, never the value: the URL may carry ``user:password@``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import unquote, urlsplit
 
-from ..optionkit import Option, Problems, check, missing_extra, with_defaults
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
+                         url_problem as common_url_problem, with_defaults)
 from .topics import check_prefix
 
 SCHEMES = {"mqtt": 1883, "mqtts": 8883}
@@ -95,19 +95,11 @@ class MqttOptions:
 
 
 def url_problem(url: str) -> Optional[str]:
-    if "://" not in url:
-        return ('is not a URL: expected mqtt://host:1883 or mqtts://host:8883 (is "://" '
-                "missing after the scheme?)")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        return "is not a valid URL (is the port a number?)"
-    if parts.scheme not in SCHEMES:
-        return (f'has the scheme "{parts.scheme}"; the mqtt plugin connects over mqtt:// or '
-                f"mqtts:// (TLS) only")
-    if not parts.hostname:
-        return "has no host (expected mqtt://host:1883)"
+    """What is wrong with ``url``, without echoing it: the common checks, then MQTT's own."""
+    problem = common_url_problem(url, SCHEMES, "mqtt://host:1883 (mqtts:// for TLS)")
+    if problem:
+        return problem
+    parts = urlsplit(url)
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         return ("has a path, query or fragment after the host (expected mqtt://host:1883; "
                 "topics are set with topic_prefix)")
@@ -128,8 +120,10 @@ def validate(options: Mapping[str, Any], need_client: bool = True) -> Problems:
             problems.append(("topic_prefix", problem))
     if "client_id" in values and not values["client_id"]:
         problems.append(("client_id", "is empty; give an identifier or leave client_id out"))
-    if "tls_ca_file" in values and not os.path.isfile(values["tls_ca_file"]):
-        problems.append(("tls_ca_file", "no such file (give the path of a CA bundle)"))
+    if "tls_ca_file" in values:
+        problem = file_problem(values["tls_ca_file"])
+        if problem:
+            problems.append(("tls_ca_file", problem))
     if need_client:
         problems += missing_extra("aiomqtt", "aiomqtt", "mqtt")
     return problems

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra, parse_into,
                          redact_url, url_problem)
 
 URL_SCHEMES = ("amqp", "amqps")
@@ -45,15 +45,7 @@ class RabbitOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "RabbitOptions":
         """Options as written -> RabbitOptions; ValueError listing the problems."""
-        problems = [p for p in validate(options) if p[0]]      # a missing extra fails later
-        if problems:
-            raise ValueError("invalid rabbitmq plugin options: " + "; ".join(
-                f"{key}: {message}" for key, message in problems))
-        values = {k: v for k, v in options.items() if v is not None}
-        for key in ("confirm_timeout", "connect_timeout", "reconnect_time_wait"):
-            if key in values:
-                values[key] = float(values[key])
-        return cls(**values)
+        return parse_into(cls, options, validate, "rabbitmq", seconds=("confirm_timeout", "connect_timeout", "reconnect_time_wait"))
 
     @property
     def server(self) -> str:

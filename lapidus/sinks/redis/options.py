@@ -12,7 +12,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra, parse_into,
                          redact_url, url_problem)
 
 URL_SCHEMES = ("redis", "rediss")
@@ -46,15 +46,7 @@ class RedisOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "RedisOptions":
         """Options as written -> RedisOptions; ValueError listing the problems."""
-        problems = [p for p in validate(options) if p[0]]      # a missing extra fails later
-        if problems:
-            raise ValueError("invalid redis plugin options: " + "; ".join(
-                f"{key}: {message}" for key, message in problems))
-        values = {k: v for k, v in options.items() if v is not None}
-        for key in ("connect_timeout", "reply_timeout", "reconnect_time_wait"):
-            if key in values:
-                values[key] = float(values[key])
-        return cls(**values)
+        return parse_into(cls, options, validate, "redis", seconds=("connect_timeout", "reply_timeout", "reconnect_time_wait"))
 
     @property
     def server(self) -> str:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-from ..optionkit import Option, Problems, check, missing_extra, with_defaults
+from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
+                         url_problem as common_url_problem, with_defaults)
 
 SCHEMES = ("http", "https")
 
@@ -100,21 +101,11 @@ def redact_url(url: str) -> str:
 
 
 def url_problem(url: str) -> Optional[str]:
-    """What is wrong with ``url``, without echoing it."""
-    if "://" not in url:
-        return ("is not a URL: expected http://host:port/path or https://... (is \"://\" "
-                "missing after the scheme?)")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        return "is not a valid URL (is the port a number?)"
-    if parts.scheme not in SCHEMES:
-        return (f'has the scheme "{parts.scheme}"; the webhook plugin POSTs over http:// or '
-                f"https:// only")
-    if not parts.hostname:
-        return "has no host (expected http://host:port/path)"
-    if parts.fragment:
+    """What is wrong with ``url``, without echoing it: the common checks, then a fragment."""
+    problem = common_url_problem(url, SCHEMES, "https://host:port/path")
+    if problem:
+        return problem
+    if urlsplit(url).fragment:
         return "has a #fragment, which is never sent to a server; remove it"
     return None
 
@@ -135,9 +126,9 @@ def validate(options: Mapping[str, Any], need_client: bool = True) -> Problems:
                             "lapidus-signature", "host"):
             problems.append((f"headers.{name}", "is set by the webhook plugin itself"))
     if "tls_ca_file" in values:
-        import os
-        if not os.path.isfile(values["tls_ca_file"]):
-            problems.append(("tls_ca_file", "no such file (give the path of a CA bundle)"))
+        problem = file_problem(values["tls_ca_file"])
+        if problem:
+            problems.append(("tls_ca_file", problem))
     if need_client:
         problems += missing_extra("aiohttp", "aiohttp", "webhook")
     return problems
