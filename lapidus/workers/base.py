@@ -16,6 +16,14 @@ from typing import Any, List, Optional
 from ..events import Event
 
 
+#: the fix of every "position lost" error (a dropped slot, a purged binlog, a lost oplog
+#: position): a fresh start with an initial snapshot (docs/operations.md)
+RECOVER_LOST_POSITION = (
+    "move the backend's state directory (<state_dir>/<backend>/) away and start it again "
+    'with snapshot = "initial": a new position, then every row as it is now, no gap '
+    '(docs/operations.md, "Recovering a lost position")')
+
+
 class BackendError(Exception):
     """A problem with a backend, phrased for the operator: the thing, the reason, the fix.
 

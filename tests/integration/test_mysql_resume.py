@@ -113,7 +113,8 @@ def test_purged_binlog_is_a_fatal_error_naming_gtid_file_and_options(sql, open_s
     assert failure.value.fatal
     assert checkpoint["gtid"] in message and newest in message
     assert lost.rsplit("-", 1)[1] in message            # the first missing transaction
-    assert "re-snapshot" in message and "checkpoint.json" in message and "late" in message
+    assert "Recovering a lost position" in message and 'snapshot = "initial"' in message
+    assert "checkpoint.json" in message and "late" in message
 
 
 def test_checkpoint_the_server_never_had_is_a_fatal_error(sql, open_source):

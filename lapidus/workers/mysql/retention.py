@@ -45,8 +45,8 @@ def retention_warning(*, checkpoint_file: Optional[str], checkpoint_gtid: Option
         return None
     if checkpoint_file not in files:
         return (f"the binlog {checkpoint_file} that holds Lapidus's position is gone from the "
-                f"server (oldest kept: {files[0]}); a restart will fail: re-snapshot, or "
-                f"delete the checkpoint to start from now")
+                f"server (oldest kept: {files[0]}); a restart will fail: see "
+                f'docs/operations.md, "Recovering a lost position"')
     behind = checkpoint_gtid is None or checkpoint_gtid != server_gtid
     if expire and checkpoint_file == files[0] and len(files) > 1 and behind:
         return (f"the binlog {checkpoint_file} that holds Lapidus's position is the oldest the "

@@ -25,7 +25,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 import pymysql
 
-from ..base import Batch, BackendError, Source
+from ..base import RECOVER_LOST_POSITION, Batch, BackendError, Source
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from .changes import ChangeStream
@@ -257,8 +257,9 @@ class MysqlSource(Source):
             f"{self.settings.describe()}: the server no longer has the binlog after the "
             f"checkpoint {where} (saved at {resume.file}:{resume.pos}; {detail}): those changes "
             f"were purged and cannot be streamed. Lapidus does not skip them silently: "
-            f"re-snapshot the tables, or delete the checkpoint file {self._checkpoint_path()} "
-            f"to start from the current end of the binlog, accepting the gap", fatal=True)
+            f"{RECOVER_LOST_POSITION} (or delete the checkpoint file "
+            f"{self._checkpoint_path()} alone to start from the current end of the binlog, "
+            f"accepting the gap)", fatal=True)
 
     def _await_first_answer(self) -> None:
         """Send the dump request and read until the server's format description event, so
@@ -522,9 +523,9 @@ class MysqlSource(Source):
                 return BackendError(
                     f"{who}: {s.address} refuses to stream from {position}: {exc.args[1]}. If "
                     f"the binlog was purged or the server was reset, those changes are gone: "
-                    f"re-snapshot the tables, or delete the checkpoint file "
-                    f"{self._checkpoint_path()} to start from the current end of the binlog, "
-                    f"accepting the gap", fatal=True)
+                    f"{RECOVER_LOST_POSITION} (or delete the checkpoint file "
+                    f"{self._checkpoint_path()} alone to start from the current end of the "
+                    f"binlog, accepting the gap)", fatal=True)
             return describe_error(s, exc)
         if isinstance(exc, OSError):
             return BackendError(f"{who}: connection to {s.address} failed ({exc}); reconnecting "

@@ -12,8 +12,7 @@ from typing import List, Optional
 
 import psycopg2
 
-from ..base import BackendError
-from .errors import RECOVER_LOST_POSITION
+from ..base import RECOVER_LOST_POSITION, BackendError
 
 
 def _one(conn, sql: str, args=()):

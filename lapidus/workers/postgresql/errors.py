@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..base import BackendError
+from ..base import RECOVER_LOST_POSITION, BackendError
 
 _ROLE_MISSING = re.compile(r'role "([^"]*)" does not exist')
 _DATABASE_MISSING = re.compile(r'database "([^"]*)" does not exist')
@@ -147,13 +147,6 @@ def query_error(exc: BaseException, options: dict, backend: str, doing: str) -> 
     return BackendError(
         f'backend "{backend}": lost the connection to PostgreSQL at {_where(options)} while '
         f"{doing}: {reason}; {_transient_hint(text.lower())} (reconnecting)")
-
-
-#: the fix of every "position lost" error: a fresh start with an initial snapshot
-RECOVER_LOST_POSITION = (
-    'move the backend\'s state directory (<state_dir>/<backend>/) away and start it again '
-    'with snapshot = "initial": a new slot, then every row as it is now, no gap '
-    '(docs/operations.md, "Recovering a lost position")')
 
 
 def child_error(errors: str, options: dict, backend: str) -> BackendError:
