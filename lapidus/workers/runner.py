@@ -35,6 +35,7 @@ _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 STATUS_EVERY = 1.0
 DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
+LINK_LOST_GRACE = 1.0  # seconds a worker that lost its dispatcher waits for a stop signal
 
 
 def make_source(backend, state_dir: Path, log) -> Source:
@@ -140,6 +141,13 @@ class WorkerLoop:
             self.log.error("backend failed", error=str(exc), fatal=exc.fatal)
             return exitcodes.CHILD_FATAL if exc.fatal else exitcodes.CHILD_ERROR
         except LinkLost as exc:
+            if not self.stopping:
+                # The dispatcher may have gone because Lapidus is stopping (its output was
+                # closed, as in `lapidus --stdout | head`): the supervisor's SIGTERM follows
+                # within moments, and this is then a stop, not a loss.
+                deadline = time.monotonic() + LINK_LOST_GRACE
+                while not self.stopping and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if self.stopping:
                 # the supervisor is stopping everything: the dispatcher may go first (its
                 # output was closed); what was not confirmed is sent again at the next start

@@ -282,14 +282,16 @@ def test_a_backfill_under_a_concurrent_writer_folds_to_the_collection(mongo_proc
                                                                      tmp_path):
     mongo = mongo_process
     fill(mongo, 4000)
-    source, pump = streaming(sources, mongo, tmp_path, snapshot_chunk_rows=1000)
+    source, pump = streaming(sources, mongo, tmp_path, snapshot_chunk_rows=250)
     writer = Writer(mongo, 4000, seed=3)
     writer.start()
     try:
+        # under way before the backfill, so that its changes meet every chunk
+        wait_until(lambda: writer.done >= 20 or writer.error, 30, message="the writer")
         backfill_until_done(source, pump, 1, "docs")
     finally:
         writer.stop()
-    assert writer.done > 100
+    assert writer.done > 40                  # it really wrote while the chunks were held
     mongo.db.docs.insert_one({"_id": -1})
     events = to_dicts(pump.until(lambda d: any(e.pk == {"_id": -1} for e in d), "sentinel"))
     assert fold(events) == content(mongo)

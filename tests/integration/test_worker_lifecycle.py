@@ -124,7 +124,7 @@ def test_the_workers_own_queries_have_timeouts(pg_db, sql):
     from lapidus.workers.mysql.connection import QUERY_TIMEOUT, connect as mysql_connect
     from lapidus.workers.mysql.settings import settings_from
     from lapidus.workers.postgresql.catalog import connect as pg_connect_worker
-    from tests.integration.mysql_fixtures import HOST, PORT
+    from tests.integration.mysql_fixtures import HOST, PORT, ROOT
 
     conn = pg_connect_worker({"database": pg_db.name}, "pg", "lapidus_test")
     try:
@@ -138,7 +138,7 @@ def test_the_workers_own_queries_have_timeouts(pg_db, sql):
         assert conn.get_dsn_parameters().get("keepalives") == "1"
     finally:
         conn.close()
-    my = mysql_connect(settings_from("crm", {"host": HOST, "port": PORT}))
+    my = mysql_connect(settings_from("crm", {"host": HOST, "port": PORT, "user": ROOT}))
     try:
         assert my._read_timeout == QUERY_TIMEOUT and my._write_timeout == QUERY_TIMEOUT
     finally:
