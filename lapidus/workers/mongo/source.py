@@ -45,7 +45,7 @@ from ...checkpoint import CheckpointStore
 from ...events import Event
 from ...filters import TableFilter
 from ..base import BackendError, Batch, Source
-from ..snapshot.progress import SnapshotProgress
+from ..snapshot.progress import RunAtOpen, SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from . import errors
 from .bson_json import format_datetime
@@ -113,7 +113,7 @@ class MongoSource(Source):
         # history) and, while it runs, its driver
         self.snapshot_progress: Optional[SnapshotProgress] = None
         self.snapshot: Optional[MongoSnapshot] = None
-        self._snapshot_ignored_logged = False
+        self._run_at_open = RunAtOpen(dict(self.backend.options or {}), self.log)
 
     # -- Source interface -------------------------------------------------------------------
 
@@ -276,32 +276,19 @@ class MongoSource(Source):
         but unconfirmed is read again, with the same ids)."""
         self.snapshot = None
         self.snapshot_progress = None
-        state = checkpoint.get("snapshot") if isinstance(checkpoint, dict) else None
-        initial = (self.backend.options or {}).get("snapshot") == "initial"
-        if state is not None:
-            progress = SnapshotProgress.from_state(state)
-            self.snapshot_progress = progress
-            if progress.done:
-                return
-            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
-                          last_key=progress.last_key, rows=progress.rows)
-        elif checkpoint is None and initial:
-            try:
-                tables = snapshot_collections(self._client, self.database, self.table_filter,
-                                              self.watermarks)
-            except PyMongoError as exc:
-                raise errors.describe(self.settings, exc, "listing the collections to "
-                                      "snapshot") from None
-            progress = SnapshotProgress(0, tables)
-            self.log.info("snapshot started", tables=len(tables))
-        else:
-            if initial and not self._snapshot_ignored_logged:
-                self._snapshot_ignored_logged = True
-                self.log.info('snapshot = "initial" has no effect: this backend already has a '
-                              "checkpoint (it streamed before), and the initial snapshot runs "
-                              "only on a first start; re-read collections with a backfill")
+        progress = self._run_at_open.progress(checkpoint, self._initial_collections)
+        self.snapshot_progress = progress
+        if progress is None or progress.done:
             return
         self._start_run(progress)
+
+    def _initial_collections(self) -> list:
+        try:
+            return snapshot_collections(self._client, self.database, self.table_filter,
+                                        self.watermarks)
+        except PyMongoError as exc:
+            raise errors.describe(self.settings, exc, "listing the collections to "
+                                  "snapshot") from None
 
     def _start_run(self, progress: SnapshotProgress) -> None:
         progress.estimates.update(estimates(self._client, progress.tables[progress.index:]))

@@ -26,7 +26,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 import pymysql
 
 from ..base import RECOVER_LOST_POSITION, Batch, BackendError, Source
-from ..snapshot.progress import SnapshotProgress
+from ..snapshot.progress import RunAtOpen, SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from .changes import ChangeStream
 from .checks import check_server
@@ -112,7 +112,7 @@ class MysqlSource(Source):
         self.snapshot_progress: Optional[SnapshotProgress] = None
         self.snapshot: Optional[MysqlSnapshot] = None
         self._json_lookup: Optional[JsonColumnLookup] = None
-        self._snapshot_ignored_logged = False
+        self._run_at_open = RunAtOpen(self._options(), self.log)
         if (getattr(backend, "options", None) or {}).get("connect_retry_seconds") is not None:
             self.log.warning("connect_retry_seconds no longer has an effect: an unreachable "
                              "server is retried for ever (reconnect_max_delay caps the wait); "
@@ -292,25 +292,10 @@ class MysqlSource(Source):
             self.snapshot.close()
         self.snapshot = None
         self.snapshot_progress = None
-        name = self.backend.name
-        initial = (self._options().get("snapshot") or "never") != "never"
-        if isinstance(checkpoint, dict) and "snapshot" in checkpoint:
-            progress = SnapshotProgress.from_state(checkpoint["snapshot"])
-            self.snapshot_progress = progress
-            if progress.done:
-                return
-            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
-                          last_key=progress.last_key, rows=progress.rows)
-        elif checkpoint is None and initial:
-            progress = SnapshotProgress(0, snapshot_tables(self._conn, name, self.scope))
-            self.log.info("snapshot started", tables=len(progress.tables))
-        else:
-            if initial and not self._snapshot_ignored_logged:
-                self._snapshot_ignored_logged = True
-                self.log.info('snapshot = "initial" has no effect: this backend already has a '
-                              "checkpoint (it streamed before), and the initial snapshot "
-                              "runs only on a first start; re-read a table's rows with "
-                              "lapidusctl backfill")
+        progress = self._run_at_open.progress(
+            checkpoint, lambda: snapshot_tables(self._conn, self.backend.name, self.scope))
+        self.snapshot_progress = progress
+        if progress is None or progress.done:
             return
         self._check_snapshots_possible('snapshot = "initial"', fatal=True)
         self._begin_run(progress)

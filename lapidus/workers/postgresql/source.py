@@ -23,7 +23,7 @@ from ...events import Event
 from ...filters import TableFilter
 from ..base import Batch, BackendError, Source
 from ..scopewatch import ScopeWatch
-from ..snapshot.progress import SnapshotProgress
+from ..snapshot.progress import RunAtOpen, SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
@@ -91,7 +91,7 @@ class PostgresSource(Source):
         # it runs, its driver (docs/snapshots.md)
         self.snapshot_progress: Optional[SnapshotProgress] = None
         self.snapshot: Optional[PgSnapshot] = None
-        self._snapshot_ignored_logged = False
+        self._run_at_open = RunAtOpen(self.options, self.log)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -202,30 +202,17 @@ class PostgresSource(Source):
         self.snapshot = None
         self.snapshot_progress = None
         self._snapshot_setup = (decoder_name, publication, table_filter)
-        name = self.backend.name
-        initial = (self.options.get("snapshot") or "never") != "never"
-        if checkpoint is not None and "snapshot" in checkpoint:
-            progress = SnapshotProgress.from_state(checkpoint["snapshot"])
-            self.snapshot_progress = progress
-            if progress.done:
-                return
-            self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
-                          last_key=progress.last_key, rows=progress.rows)
-        elif checkpoint is None and initial:
-            self._check_snapshots_possible('snapshot = "initial"', fatal=True)
-            progress = SnapshotProgress(0, snapshot_tables(self.catalog.conn, name,
-                                                           publication, table_filter))
-            self.log.info("snapshot started", tables=len(progress.tables))
-        else:
-            if initial and not self._snapshot_ignored_logged:
-                self._snapshot_ignored_logged = True
-                self.log.info('snapshot = "initial" has no effect: this backend already has a '
-                              "checkpoint (it streamed before), and the initial snapshot "
-                              "runs only on a first start; re-read a table's rows with "
-                              "lapidusctl backfill")
+        progress = self._run_at_open.progress(checkpoint, lambda: self._initial_tables(
+            publication, table_filter))
+        self.snapshot_progress = progress
+        if progress is None or progress.done:
             return
         self._check_snapshots_possible("this snapshot", fatal=True)
         self._begin_run(progress)
+
+    def _initial_tables(self, publication: str, table_filter: TableFilter) -> list:
+        self._check_snapshots_possible('snapshot = "initial"', fatal=True)
+        return snapshot_tables(self.catalog.conn, self.backend.name, publication, table_filter)
 
     def _check_snapshots_possible(self, what: str, *, fatal: bool) -> None:
         """Snapshots need pgoutput on PostgreSQL 14+ (logical messages are the watermarks)."""

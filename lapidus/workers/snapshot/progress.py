@@ -99,3 +99,40 @@ class SnapshotProgress:
                 "table_rows": self.table_rows,
                 "table_rows_estimated": self.estimates.get((schema, table)),
                 "rows": self.rows, "rows_per_second": rate}
+
+
+class RunAtOpen:
+    """Which snapshot run a source's ``open`` starts from its checkpoint (worker process).
+
+    One per source, kept across reconnects (it says "has no effect" once per process):
+
+    * a checkpoint with a ``"snapshot"`` state: that run's progress (a finished one too, so
+      the checkpoint keeps it; an unfinished one, initial or backfill, is resumed);
+    * no checkpoint and ``snapshot = "initial"``: a new initial run over ``list_tables()``;
+    * otherwise none.
+    """
+
+    def __init__(self, options: dict, log):
+        self.initial = (options.get("snapshot") or "never") != "never"
+        self.log = log
+        self._said_ignored = False
+
+    def progress(self, checkpoint: Any, list_tables) -> Optional[SnapshotProgress]:
+        state = checkpoint.get("snapshot") if isinstance(checkpoint, dict) else None
+        if state is not None:
+            progress = SnapshotProgress.from_state(state)
+            if not progress.done:
+                self.log.info("snapshot resumed", n=progress.n, table=".".join(progress.table),
+                              last_key=progress.last_key, rows=progress.rows)
+            return progress
+        if checkpoint is None and self.initial:
+            progress = SnapshotProgress(0, list_tables())
+            self.log.info("snapshot started", tables=len(progress.tables))
+            return progress
+        if self.initial and not self._said_ignored:
+            self._said_ignored = True
+            self.log.info('snapshot = "initial" has no effect: this backend already has a '
+                          "checkpoint (it streamed before), and the initial snapshot runs "
+                          "only on a first start; re-read a table's rows with "
+                          "lapidusctl backfill")
+        return None
