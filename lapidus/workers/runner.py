@@ -34,6 +34,12 @@ from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 STATUS_EVERY = 1.0
+# How long one read may wait for the source. Sources wake at once when data arrives (inotify,
+# a socket), so this only bounds how late the loop looks at other things: acks and a pending
+# checkpoint need it soon; an idle worker with nothing in flight wakes once per status report,
+# which is what lets a hundred idle backends cost next to no CPU.
+READ_WAIT_BUSY = 0.2
+READ_WAIT_IDLE = STATUS_EVERY
 DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 LINK_LOST_GRACE = 1.0  # seconds a worker that lost its dispatcher waits for a stop signal
 
@@ -211,7 +217,8 @@ class WorkerLoop:
                 self._take_acks(link, 0.2)     # backpressure: the sinks are behind
                 source.tick()
             else:
-                batch = source.read(self.batch_size, 0.2)
+                idle = not self.inflight and self.confirmed is self.saved
+                batch = source.read(self.batch_size, READ_WAIT_IDLE if idle else READ_WAIT_BUSY)
                 if batch.checkpoint is not None:
                     if batch.events:
                         self.seq += 1

@@ -347,7 +347,7 @@ class PostgresSource(Source):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return Batch(events, None)
-            self.watch.wait(min(remaining, 0.25))
+            self.watch.wait(remaining)
 
     def _consume(self, events: List, max_events: int) -> bool:
         """Decode spooled messages into ``events``; True when at least one was consumed."""
