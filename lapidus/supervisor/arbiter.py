@@ -38,7 +38,6 @@ from ..backoff import RestartPolicy
 from ..procutil import keep_files_private
 from ..workers.runner import worker_main
 from .control_server import ControlServer, SocketInUse
-from .dispatcher import dispatcher_main
 from .handles import ChildHandle
 from .http import HttpServer
 from .listener import READ, LoopListener
@@ -292,7 +291,7 @@ class Arbiter:
             self.socket_path, self.config.log.format, self.config.log.level, os.getpid()))
 
     def _spawn_dispatcher(self) -> None:
-        self.dispatcher.spawn(self.ctx, dispatcher_main,
+        self.dispatcher.spawn(self.ctx, _dispatcher_main,
                               (self.config, self.socket_path, os.getpid()))
         self.dispatcher.state = State.RUNNING
 
@@ -557,6 +556,14 @@ class Arbiter:
             backends.append(row)
         return {"pid": os.getpid(), "config": self.config.source, "backends": backends,
                 "dispatcher": dispatcher}
+
+
+def _dispatcher_main(*args) -> None:
+    """The dispatcher's entry point, importing its module in the dispatcher process only: the
+    sinks and their libraries are the dispatcher's alone, and whatever the supervisor has
+    imported is inherited by every worker it forks."""
+    from .dispatcher import dispatcher_main
+    dispatcher_main(*args)
 
 
 def _drain(fd: int) -> None:

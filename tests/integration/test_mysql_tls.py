@@ -111,6 +111,23 @@ def test_query_connection_and_binlog_stream_use_tls(sql, open_source, tmp_path):
         assert tls_version(reader._ctl_connection).startswith("TLS")
 
 
+def test_without_tls_settings_both_connections_encrypt_with_one_shared_context(sql, open_source):
+    """pymysql's preferred mode: TLS when the server offers it (the placeholder certificate of
+    scripts/setup-local), nothing verified, and one context for every connection rather than
+    one with the system's CA store loaded for each."""
+    sql.run("CREATE TABLE items (id INT PRIMARY KEY)")
+    source = open_source()
+    sql.run("INSERT INTO items VALUES (1)")
+    read_count(source, 1)
+    reader = source._reader
+    connections = (source._conn, reader._stream_connection, reader._ctl_connection)
+    assert all(tls_version(c).startswith("TLS") for c in connections)
+    contexts = {id(c._sock.context) for c in connections}
+    assert len(contexts) == 1
+    context = source._conn._sock.context
+    assert context.verify_mode == ssl.CERT_NONE and context.get_ca_certs() == []
+
+
 def test_a_server_certificate_from_another_ca_is_a_clear_fatal(sql, open_source, tmp_path):
     pki = make_pki(tmp_path / "pki")
     with server_certificate(pki):

@@ -32,7 +32,7 @@ from pymysql.connections import MysqlPacket
 
 from ..base import BackendError
 from .settings import MysqlSettings
-from .tls import describe_tls_failure
+from .tls import describe_tls_failure, preferred_context
 
 COM_BINLOG_DUMP = 0x12
 COM_BINLOG_DUMP_GTID = 0x1E
@@ -120,6 +120,13 @@ class WatchedConnection(pymysql.connections.Connection):
         if "db" in kwargs:     # python-mysql-replication still passes pymysql's old name
             kwargs["database"] = kwargs.pop("db")
         super().__init__(*args, **kwargs)
+
+    def _create_ssl_ctx(self, sslp):
+        # pymysql asks for {} in its preferred mode (no TLS settings given); an explicit
+        # context (TLS settings, lapidus.workers.mysql.tls) is passed through as it is.
+        if isinstance(sslp, dict) and not sslp:
+            return preferred_context()
+        return super()._create_ssl_ctx(sslp)
 
     @property
     def streaming(self) -> bool:
