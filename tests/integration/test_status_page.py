@@ -134,12 +134,16 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
         page.tab.select_option("#tail-backend", "shop")
         page.until("() => window.lapidusStatus.backend === 'shop' && "
                    "window.lapidusStatus.source.readyState === 1")
-        chart_before = page.tab.eval_on_selector("#rates", "c => c.toDataURL()")
 
+        # the chart: its line for shop gets points above zero, and moves with each new one
         writer.start()
-        page.until("() => window.lapidusStatus.latestRate('shop') > 0", timeout=30)
-        page.until("before => document.querySelector('#rates').toDataURL() !== before",
-                   arg=chart_before)
+        plotted = page.until("() => window.lapidusStatus.latestRate('shop') > 0 && "
+                             "window.lapidusStatus.plotted.shop", timeout=30)
+        chart_before = page.tab.eval_on_selector("#rates", "c => c.toDataURL()")
+        page.until("""([points, before]) => window.lapidusStatus.plotted.shop > points &&
+            window.lapidusStatus.latestRate('shop') > 0 &&
+            document.querySelector('#rates').toDataURL() !== before""",
+                   arg=[plotted, chart_before], timeout=30)
         rate_cell = page.until("""() => {
             const cell = document.querySelector('tr[data-backend=shop] td:nth-child(8)');
             return cell && parseFloat(cell.textContent) > 0 ? cell.textContent : null; }""",
@@ -176,7 +180,8 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
         page.until("() => document.querySelectorAll('#tail li').length >= 3")
         if os.environ.get("LAPIDUS_SCREENSHOT"):
             page.tab.uncheck("#show-values")
-            page.until("() => document.querySelectorAll('#tail li').length >= 8")
+            page.until("() => document.querySelectorAll('#tail li').length >= 8 && "
+                       "window.lapidusStatus.plotted.shop >= 20", timeout=90)
             page.tab.screenshot(path=str(ROOT / "docs" / "status-page.png"), full_page=True)
     finally:
         writer.stop()

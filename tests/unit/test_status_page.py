@@ -326,3 +326,18 @@ def test_parse_request_reads_path_query_and_headers():
     request = parse_request(b"GET /events?tail=a%20b&values=1 HTTP/1.1\r\nCookie: x=1\r\n\r\n")
     assert request == Request("GET", "/events", {"tail": "a b", "values": "1"}, {"cookie": "x=1"})
     assert parse_request(b"GET / HTTP/1.1\r\n") is None
+
+
+def test_a_reload_applies_a_new_token_and_only_a_new_listen_needs_a_restart():
+    from lapidus.config import parse_config
+    from lapidus.supervisor.reload import ReloadPlan
+
+    def config(http):
+        return parse_config({"state_dir": "/tmp/x", "http": http, "plugins": {"stdout": {}},
+                             "backends": [{"name": "a", "type": "postgresql",
+                                           "database": "d"}]})
+    old = config({"listen": "127.0.0.1:9187"})
+    with_token = config({"listen": "127.0.0.1:9187", "token": "t"})
+    moved = config({"listen": "127.0.0.1:9188", "token": "t"})
+    assert ReloadPlan.between(old, with_token, {}).not_applied == []
+    assert ReloadPlan.between(with_token, moved, {}).not_applied == ["http.listen"]

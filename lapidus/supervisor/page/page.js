@@ -14,6 +14,7 @@ const page = {
   values: false,
   source: null,
   draws: 0,
+  plotted: {},             // backend -> points on the chart as last drawn
   tailCount: 0,
 };
 window.lapidusStatus = page;   // for the browser tests and the curious
@@ -170,12 +171,18 @@ function drawChart() {
   names.forEach((name, i) => {
     const colour = PALETTE[i % PALETTE.length];
     const series = page.series[name] || [];
-    g.strokeStyle = colour; g.lineWidth = 2; g.beginPath();
-    series.forEach((p, j) => {
+    g.strokeStyle = colour; g.fillStyle = colour; g.lineWidth = 2; g.beginPath();
+    const shown = series.filter((p) => now - p[0] <= SPAN);
+    shown.forEach((p, j) => {
       const x = left + w - (w * (now - p[0])) / SPAN, y = up + h - (h * p[1]) / top;
       if (j === 0) g.moveTo(x, y); else g.lineTo(x, y);
     });
     g.stroke();
+    if (shown.length === 1) {     // a line needs two points: mark the first one
+      const p = shown[0];
+      g.fillRect(left + w - (w * (now - p[0])) / SPAN - 2, up + h - (h * p[1]) / top - 2, 4, 4);
+    }
+    page.plotted[name] = shown.length;
     const item = el("li", `${name} ${rate(latestRate(name))}/s`);
     item.style.setProperty("--swatch", colour);
     legend.append(item);
