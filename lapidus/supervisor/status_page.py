@@ -156,7 +156,9 @@ class StatusPage:
     # -- the loop's wake-ups -----------------------------------------------------------------
 
     def next_push(self) -> Optional[float]:
-        return self.due if self.viewers or self.tails.watched else None
+        """When the loop must wake for the next push (None without pages: an unwatch that
+        could not be sent yet is tried again at the loop's next turn, never in a spin)."""
+        return self.due if self.viewers else None
 
     def tick(self, now: float) -> None:
         self.viewers = [v for v in self.viewers if self._alive(v)]

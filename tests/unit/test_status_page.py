@@ -139,7 +139,7 @@ def test_a_vanished_page_is_dropped_and_its_tail_no_longer_watched():
         wait_until(lambda: turn(server) or not page.viewers, 5, message="the viewer gone")
         turn(server)
         assert asked.requests[-1] == ("watch", [])
-        assert not server.clients
+        assert not server.clients and page.next_push() is None
     finally:
         server.close()
 
