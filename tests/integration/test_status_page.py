@@ -92,10 +92,11 @@ class Writer(threading.Thread):
         self.join(10)
 
 
-def all_running(base: str, count: int) -> bool:
+def running(base: str, names) -> bool:
     code, body = get(base + "/status.json")
     rows = json.loads(body)["backends"] if code == 200 else []
-    return len(rows) == count and all(r["state"] == "RUNNING" for r in rows)
+    return all(any(r["name"] == name and r["state"] == "RUNNING" for r in rows)
+               for name in names)
 
 
 def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, sql, browser):
@@ -106,11 +107,13 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
     sql.run("CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(40))")
     proc = lapidus_factory({"http": {"listen": f"127.0.0.1:{port}"},
                             "backends": [pg_backend(pg_db, name="shop"),
-                                         pg_backend(pg_db, name="shop_copy"),
-                                         lapidus_backend("crm")],
+                                         pg_backend(pg_db, name="shop_copy", slot_warn_bytes=1),
+                                         lapidus_backend("crm"),
+                                         pg_backend(pg_db, name="broken",
+                                                    database="missing_db")],
                             "plugins": {"stdout": {}}})
-    wait_until(lambda: all_running(base, 3), 60, message=f"3 backends RUNNING; log:\n"
-               f"{proc.log()[-3000:]}")
+    wait_until(lambda: running(base, ("shop", "shop_copy", "crm")), 60,
+               message=f"3 backends RUNNING; log:\n{proc.log()[-3000:]}")
 
     # the page's JSON is lapidusctl status --json
     code, out, err = ctl(proc.config_path, "status", "--json")
@@ -128,8 +131,19 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
             const rows = [...document.querySelectorAll('#backends tbody tr')];
             const found = Object.fromEntries(rows.map(r =>
                 [r.dataset.backend, r.querySelector('.state').textContent]));
-            return Object.keys(found).length === 3 ? found : null; }""")
-        assert states == {"shop": "RUNNING", "shop_copy": "RUNNING", "crm": "RUNNING"}
+            return Object.keys(found).length === 4 ? found : null; }""")
+        assert {name: states[name] for name in ("shop", "shop_copy", "crm")} == \
+            {"shop": "RUNNING", "shop_copy": "RUNNING", "crm": "RUNNING"}
+        # the broken one: not streaming, and why
+        broken = page.until("""() => {
+            const row = document.querySelector('tr[data-backend=broken]');
+            const error = row.querySelector('td.error').textContent;
+            return error.includes('missing_db') ?
+                [row.querySelector('.state').textContent, error] : null; }""", timeout=30)
+        assert broken[0] in ("FATAL", "BACKOFF", "WAITING", "STARTING"), broken
+        # retained WAL: over shop_copy's slot_warn_bytes in the warning colour, shop's not
+        page.until("() => document.querySelector('tr[data-backend=shop_copy] td.wal.warn') && "
+                   "document.querySelector('tr[data-backend=shop] td.wal.ok')", timeout=30)
         # the tail follows the first backend until another is chosen
         page.tab.select_option("#tail-backend", "shop")
         page.until("() => window.lapidusStatus.backend === 'shop' && "
