@@ -31,8 +31,8 @@ TOP_LEVEL: Tuple[Setting, ...] = (
                     "(`~/.local/state/lapidus`)", _state_dir_default)),
     Setting("log", Table(), "Logging, see `[log]`.", {}),
     Setting("control", Table(), "The control socket used by `lapidusctl`, see `[control]`.", {}),
-    Setting("http", Table(), "Status page, metrics and health endpoint, see `[http]`; off when absent.",
-            UNSET),
+    Setting("http", Table(), "Status page, metrics and health endpoint, see `[http]`; off when "
+            "absent.", UNSET),
     Setting("supervisor", Table(), "Restart policy, see `[supervisor]`.", {}),
     Setting("backends", BackendList(), "The databases to stream, see `[[backends]]`.",
             required=True),
