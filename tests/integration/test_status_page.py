@@ -3,8 +3,9 @@
 Two PostgreSQL backends and a MariaDB one stream into stdout while the page is open: it loads
 without console errors, lists every backend with its state, its events/s chart moves while rows
 are written, the tail of the chosen backend shows a new row within 2 s, masked until "show
-values" is ticked; with ``[http] token`` the page, its JSON and its stream refuse a client
-without the token.  Also writes docs/status-page.png (the screenshot in docs/operations.md)
+values" is ticked; a FATAL backend shows its error, retained WAL over ``slot_warn_bytes`` its
+warning colour; with ``[http] token`` the page, its JSON and its stream refuse a client without
+the token; after a ``kill -9`` of the dispatcher the open page's tail comes back by itself.  Also writes docs/status-page.png (the screenshot in docs/operations.md)
 when LAPIDUS_SCREENSHOT is set.
 
 Chromium is Debian's (``/usr/bin/chromium``, installed by .ci/run), driven by Playwright's Python
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -26,6 +28,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend
+from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 from tests.integration.test_metrics import free_port, get
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -245,3 +248,32 @@ def test_token_guards_page_json_and_stream(lapidus_factory, pg_db, browser):
         page.close()
     # the refused tries show as 401s in the console; nothing else went wrong
     assert all("401" in error for error in page.errors), page.errors
+
+
+def test_the_tail_comes_back_after_a_kill_9_of_the_dispatcher(lapidus_factory, pg_db, browser):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    pg_db.sql("CREATE TABLE marker (id int PRIMARY KEY)")
+    proc = lapidus_factory({"http": {"listen": f"127.0.0.1:{port}"},
+                            "backends": [pg_backend(pg_db, name="shop")],
+                            "plugins": {"stdout": {}}})
+    wait_until(lambda: running(base, ["shop"]), 60, message=f"shop RUNNING; log:\n"
+               f"{proc.log()[-3000:]}")
+    page = Page(browser, base)
+    try:
+        page.tab.goto(base + "/")
+        page.until("() => window.lapidusStatus.backend === 'shop' && "
+                   "window.lapidusStatus.source.readyState === 1")
+        pg_db.sql("INSERT INTO marker VALUES (1)")
+        page.until("() => document.querySelectorAll('#tail li').length === 1")
+
+        os.kill(dispatcher_pid(proc), signal.SIGKILL)
+        wait_until(lambda: json.loads(get(base + "/status.json")[1])["dispatcher"].get(
+            "restarts", 0) >= 1 and running(base, ["shop"]), 60,
+            message="the dispatcher restarted and shop streaming again")
+        # the supervisor renews its watch with the new dispatcher: later rows show again
+        pg_db.sql("INSERT INTO marker VALUES (2)")
+        page.until("() => document.querySelectorAll('#tail li').length >= 2", timeout=15)
+    finally:
+        page.close()
+    assert page.errors == []
