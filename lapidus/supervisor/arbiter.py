@@ -88,8 +88,9 @@ class Arbiter:
         self._lock_fd: Optional[int] = None
         self.notifier = Notifier()
         self.http = None
+        self.tail_view = TailView(self.dispatcher.tell)   # the status page's tail
         if config.http is not None:
-            page = StatusPage(self.status, self.rate_histories, TailView(self.dispatcher.tell),
+            page = StatusPage(self.status, self.rate_histories, self.tail_view,
                               config.http.token, self.log)
             self.dispatcher.on_message["tail"] = page.tail_arrived
             self.http = HttpServer(config.http.host, config.http.port, self.status, self.log,
@@ -301,6 +302,7 @@ class Arbiter:
         # duplex: the status page asks it for the events of the backends it shows
         self.dispatcher.spawn(self.ctx, dispatcher_main,
                               (self.config, self.socket_path, os.getpid()), duplex=True)
+        self.tail_view.dispatcher_started()
         self.dispatcher.state = State.RUNNING
 
     def _reap(self) -> None:

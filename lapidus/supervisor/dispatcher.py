@@ -239,6 +239,7 @@ class Dispatcher:
                             plugins=plugins)
         pipeline.setup = setup
         self.pipelines[backend_name] = pipeline
+        self.tail_watch.apply({backend_name: pipeline}, send=False)   # watched from the start
         pipeline.task = asyncio.create_task(pipeline.run())
         pipeline.task.add_done_callback(self._pipeline_done)
         self.tasks.append(pipeline.task)
@@ -389,6 +390,10 @@ class Dispatcher:
             await asyncio.sleep(TAIL_EVERY)
 
     async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        if self.status is not None:
+            # first: a watch the supervisor sent at our start is read before any batch
+            loop.add_reader(self.status.fileno(), self.read_requests)
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -396,15 +401,12 @@ class Dispatcher:
         server = await asyncio.start_unix_server(self.handle, path=self.socket_path)
         os.chmod(self.socket_path, 0o600)
         await self._start_sinks()
-        loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
         loop.add_signal_handler(signal.SIGUSR1, self.resend_requested)
         self.log.info("dispatcher listening")
         reporter = asyncio.create_task(self.report_forever())
         tails = asyncio.create_task(self.tail_forever())
-        if self.status is not None:
-            loop.add_reader(self.status.fileno(), self.read_requests)
         await self.stopping.wait()
         reporter.cancel()
         tails.cancel()

@@ -76,7 +76,7 @@ class TailWatch:
         and nothing counted as sent, with ``send=False``)."""
         now = time.monotonic() if now is None else now
         self.until = {name: t for name, t in self.until.items() if t > now}
-        out = []
+        out: List[Tuple[str, list]] = []
         for name, pipeline in pipelines.items():
             if name not in self.until:
                 pipeline.tail = None

@@ -76,6 +76,12 @@ class TailView:
             if self.ask(("watch", list(wanted))):
                 self.watched, self.asked_at = wanted, now
 
+    def dispatcher_started(self) -> None:
+        """A new dispatcher knows no watch: tell it the current one at once, before its
+        workers reconnect and deliver (else at the next turn of the loop)."""
+        if not (self.watched and self.ask(("watch", list(self.watched)))):
+            self.asked_at = None
+
     def arrived(self, backend: str, events: List[Tuple[int, bytes]]) -> List[TailEvent]:
         """Events the dispatcher sent for ``backend``: kept (while watched) and returned."""
         if backend not in self.watched:

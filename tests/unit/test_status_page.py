@@ -285,6 +285,8 @@ def test_tail_view_keeps_only_watched_backends_and_renews_its_watch():
     assert asked.requests == [("watch", ["shop"])] * 2
     assert len(view.arrived("shop", [(serial, b"{}") for serial in range(3, 60)])) == 57
     assert len(view.last("shop")) == KEEP
+    view.dispatcher_started()        # a new dispatcher is told at once, not at the renewal
+    assert asked.requests[-1] == ("watch", ["shop"]) and len(asked.requests) == 3
     view.want([], now=13.0)
     assert view.last("shop") == [] and asked.requests[-1] == ("watch", [])
 
