@@ -1,12 +1,14 @@
 """The live status page in headless Chromium, against the real supervisor.
 
-Two PostgreSQL backends and a MariaDB one stream into stdout while the page is open: it loads
-without console errors, lists every backend with its state, its events/s chart moves while rows
-are written, the tail of the chosen backend shows a new row within 2 s, masked until "show
-values" is ticked; a FATAL backend shows its error, retained WAL over ``slot_warn_bytes`` its
-warning colour; with ``[http] token`` the page, its JSON and its stream refuse a client without
-the token; after a ``kill -9`` of the dispatcher the open page's tail comes back by itself.  Also writes docs/status-page.png (the screenshot in docs/operations.md)
-when LAPIDUS_SCREENSHOT is set.
+Two PostgreSQL backends and a MariaDB one stream into stdout (one also into NATS) while the
+page is open, beside a backend that cannot start: the page loads without console errors, lists
+every backend with its state, the FATAL one with its error, the sinks' connections (nats up),
+retained WAL over ``slot_warn_bytes`` in the warning colour; its events/s chart moves while rows
+are written; the tail of the chosen backend shows a new row within 2 s, masked until "show
+values" is ticked. With ``[http] token`` the page, its JSON and its stream refuse a client
+without the token. After a ``kill -9`` of the dispatcher the open page's tail comes back by
+itself. With LAPIDUS_SCREENSHOT set, the first test also writes docs/status-page.png (shown in
+docs/operations.md and docs/status-page.md).
 
 Chromium is Debian's (``/usr/bin/chromium``, installed by .ci/run), driven by Playwright's Python
 package (the ``dev`` extra); Playwright never downloads a browser here.  Every wait is on a
@@ -110,7 +112,9 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
     sql.run("CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(40))")
     proc = lapidus_factory({"http": {"listen": f"127.0.0.1:{port}"},
                             "backends": [pg_backend(pg_db, name="shop"),
-                                         pg_backend(pg_db, name="shop_copy", slot_warn_bytes=1),
+                                         pg_backend(pg_db, name="shop_copy", slot_warn_bytes=1,
+                                                    plugins={"stdout": {}, "nats": {
+                                                        "subject_prefix": f"statuspage{port}"}}),
                                          lapidus_backend("crm"),
                                          pg_backend(pg_db, name="broken",
                                                     database="missing_db")],
@@ -144,6 +148,9 @@ def test_page_shows_backends_chart_and_masked_tail_live(lapidus_factory, pg_db, 
             return error.includes('missing_db') ?
                 [row.querySelector('.state').textContent, error] : null; }""", timeout=30)
         assert broken[0] in ("FATAL", "BACKOFF", "WAITING", "STARTING"), broken
+        # sink connections: shop_copy's nats (the local server) is up
+        page.until("() => document.querySelector('tr[data-backend=shop_copy] .sink.up')"
+                   "?.textContent === 'nats up'", timeout=30)
         # retained WAL: over shop_copy's slot_warn_bytes in the warning colour, shop's not
         page.until("() => document.querySelector('tr[data-backend=shop_copy] td.wal.warn') && "
                    "document.querySelector('tr[data-backend=shop] td.wal.ok')", timeout=30)
