@@ -93,9 +93,6 @@ class LoopListener:
         client.deadline = float("inf")
         client.backlog += head
 
-    def streams(self) -> List[Client]:
-        return [c for c in self.clients.values() if c.stream]
-
     def send(self, client: Client, data: bytes) -> bool:
         """Queue ``data`` for a stream (written by the loop, never here); a client whose
         backlog would pass ``max_backlog`` has stopped reading and is closed.  False when the

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional
 
 from .http import Request, Response
 from .listener import Client
+from .rates import RateHistory
 from .tail_view import TailView
 
 PUSH_EVERY = 1.0
@@ -64,10 +65,11 @@ def sse(event: str, payload) -> bytes:
 
 
 class StatusPage:
-    def __init__(self, status: Callable[[], dict], history: Callable[[], Dict[str, object]],
-                 tails: TailView, token: Optional[str], log):
+    def __init__(self, status: Callable[[], dict],
+                 history: Callable[[], Dict[str, RateHistory]], tails: TailView,
+                 token: Optional[str], log):
         self.status = status
-        self.history = history      # backend -> its RateHistory
+        self.history = history      # backend -> its events/s points
         self.tails = tails
         self.token = token
         self.log = log
