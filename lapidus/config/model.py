@@ -58,6 +58,7 @@ class ControlConfig:
 @dataclass(frozen=True)
 class HttpConfig:
     listen: str                                 # "host:port" as written
+    token: Optional[str] = None                 # the status page's token; None: open
 
     @property
     def host(self) -> str:
@@ -139,7 +140,8 @@ class Config:
             "state_dir": str(self.state_dir),
             "log": dataclasses.asdict(self.log),
             "control": {"socket": str(self.control.socket)},
-            "http": None if self.http is None else {"listen": self.http.listen},
+            "http": None if self.http is None else {
+                "listen": self.http.listen, **({"token": "***"} if self.http.token else {})},
             "supervisor": dataclasses.asdict(self.supervisor),
             "plugins": mask_secrets(self.plugins),
             "backends": [{

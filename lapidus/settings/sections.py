@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
 
 from .context import Context, _home
-from .kinds import BackendList, Choice, Int, Listen, PathKind, Plugins, Seconds, Table
+from .kinds import BackendList, Choice, Int, Listen, PathKind, Plugins, Seconds, Str, Table
 from .setting import UNSET, Derived, Setting
 
 
@@ -31,8 +31,8 @@ TOP_LEVEL: Tuple[Setting, ...] = (
                     "(`~/.local/state/lapidus`)", _state_dir_default)),
     Setting("log", Table(), "Logging, see `[log]`.", {}),
     Setting("control", Table(), "The control socket used by `lapidusctl`, see `[control]`.", {}),
-    Setting("http", Table(), "Metrics and health endpoint, see `[http]`; off when absent.",
-            UNSET),
+    Setting("http", Table(), "Status page, metrics and health endpoint, see `[http]`; off when "
+            "absent.", UNSET),
     Setting("supervisor", Table(), "Restart policy, see `[supervisor]`.", {}),
     Setting("backends", BackendList(), "The databases to stream, see `[[backends]]`.",
             required=True),
@@ -53,8 +53,11 @@ CONTROL: Tuple[Setting, ...] = (
 )
 
 HTTP: Tuple[Setting, ...] = (
-    Setting("listen", Listen(), "Address of `/metrics` (Prometheus) and `/healthz`.",
-            required=True),
+    Setting("listen", Listen(), "Address of the status page (`/`), `/metrics` (Prometheus) "
+            "and `/healthz`.", required=True),
+    Setting("token", Str(), "Required by the status page and its JSON (`Authorization: Bearer`, "
+            "or entered on the page); open to all who reach `listen` when unset. `/metrics` and "
+            "`/healthz` stay open.", secret=True),
 )
 
 SUPERVISOR: Tuple[Setting, ...] = (

@@ -44,6 +44,8 @@ from .listener import READ, LoopListener
 from .notify import Notifier
 from .reload import ReloadPlan
 from .states import State
+from .status_page import StatusPage
+from .tail_view import TailView
 
 TICK = 0.5
 REAP_GRACE = 2.0      # seconds to wait for killed children to be reaped before giving up
@@ -85,8 +87,13 @@ class Arbiter:
         self._lock_fd: Optional[int] = None
         self.notifier = Notifier()
         self.http = None
+        self.tail_view = TailView(self.dispatcher.tell)   # the status page's tail
         if config.http is not None:
-            self.http = HttpServer(config.http.host, config.http.port, self.status, self.log)
+            page = StatusPage(self.status, self.rate_histories, self.tail_view,
+                              config.http.token, self.log)
+            self.dispatcher.on_message["tail"] = page.tail_arrived
+            self.http = HttpServer(config.http.host, config.http.port, self.status, self.log,
+                                   page)
         self._last_status_line = ""
         self.control = ControlServer(config.control.socket, {
             "status": lambda _req: {"ok": True, **self.status()},
@@ -291,8 +298,10 @@ class Arbiter:
             self.socket_path, self.config.log.format, self.config.log.level, os.getpid()))
 
     def _spawn_dispatcher(self) -> None:
+        # duplex: the status page asks it for the events of the backends it shows
         self.dispatcher.spawn(self.ctx, _dispatcher_main,
-                              (self.config, self.socket_path, os.getpid()))
+                              (self.config, self.socket_path, os.getpid()), duplex=True)
+        self.tail_view.dispatcher_started()
         self.dispatcher.state = State.RUNNING
 
     def _reap(self) -> None:
@@ -505,6 +514,8 @@ class Arbiter:
             self.log.warning("reload: this setting changes only when lapidus restarts; still "
                              "using the old value", setting=setting)
         self.config = new
+        if self.http is not None and self.http.page is not None and new.http is not None:
+            self.http.page.token = new.http.token
         if plan.supervisor_changed:
             for handle in self.workers.values():
                 handle.policy = self._policy()
@@ -534,6 +545,10 @@ class Arbiter:
         self.log.info("configuration reloaded", backends=list(plan.backends))
 
     # -- status ---------------------------------------------------------------------------
+
+    def rate_histories(self) -> dict:
+        """backend -> its events/s over the last minutes (the status page's chart)."""
+        return {name: h.rate_history for name, h in self.workers.items() if not h.removed}
 
     def status(self) -> dict:
         dispatcher = self.dispatcher.snapshot()

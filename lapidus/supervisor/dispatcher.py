@@ -24,10 +24,12 @@ from ..sinks import registry
 from ..sinks.base import OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 from .refusals import RefusedEvents
+from .tail_ring import TailRing, TailWatch
 
 RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
 HOLD_RETRY_MAX = 60.0    # ... of an event a sink refused for good (on_undeliverable = "hold")
 RESEND = "resend"        # a queue item: send the backend's dead letters again
+TAIL_EVERY = 0.2         # seconds between the tails sent to the status page, while watched
 
 
 class Pipeline:
@@ -54,6 +56,7 @@ class Pipeline:
         self.resend_queued = False            # a RESEND item is in the queue
         self.resend_after = False             # one was taken out while merging batches
         self.setup: tuple = ()                # Dispatcher._setup_of what made it
+        self.tail: Optional[TailRing] = None  # while the status page watches (tail_ring)
 
     def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
@@ -88,6 +91,8 @@ class Pipeline:
             await asyncio.gather(*(self._deliver(sink, name, records)
                                    for sink, name in zip(self.sinks, self.names)))
             self.delivered += len(records)
+            if self.tail is not None:
+                self.tail.add(records)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
@@ -187,6 +192,7 @@ class Dispatcher:
         self.tasks: List[asyncio.Task] = []
         self.failed: Optional[BaseException] = None
         self.stopping = asyncio.Event()
+        self.tail_watch = TailWatch()
 
     async def _sink(self, name: str, options: dict, backend: str) -> Sink:
         cls = registry.load(name)
@@ -233,6 +239,7 @@ class Dispatcher:
                             plugins=plugins)
         pipeline.setup = setup
         self.pipelines[backend_name] = pipeline
+        self.tail_watch.apply({backend_name: pipeline}, send=False)   # watched from the start
         pipeline.task = asyncio.create_task(pipeline.run())
         pipeline.task.add_done_callback(self._pipeline_done)
         self.tasks.append(pipeline.task)
@@ -360,7 +367,33 @@ class Dispatcher:
                 return
             await asyncio.sleep(1.0)
 
+    def read_requests(self) -> None:
+        """The supervisor's requests on the status pipe (readable): ``watch`` (tail_ring)."""
+        try:
+            while self.status.poll():
+                kind, fields = self.status.recv()
+                if kind == "watch":
+                    # the rings start now, so nothing delivered after the request is missed
+                    self.tail_watch.watch(fields)
+                    self.tail_watch.apply(self.pipelines, send=False)
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(self.status.fileno())
+
+    async def tail_forever(self) -> None:
+        """Send the watched backends' new events to the supervisor (status page's tail)."""
+        while self.status is not None:
+            for backend, events in self.tail_watch.apply(self.pipelines):
+                try:
+                    self.status.send(("tail", {"backend": backend, "events": events}))
+                except (OSError, ValueError):
+                    return
+            await asyncio.sleep(TAIL_EVERY)
+
     async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        if self.status is not None:
+            # first: a watch the supervisor sent at our start is read before any batch
+            loop.add_reader(self.status.fileno(), self.read_requests)
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -368,14 +401,15 @@ class Dispatcher:
         server = await asyncio.start_unix_server(self.handle, path=self.socket_path)
         os.chmod(self.socket_path, 0o600)
         await self._start_sinks()
-        loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
         loop.add_signal_handler(signal.SIGUSR1, self.resend_requested)
         self.log.info("dispatcher listening")
         reporter = asyncio.create_task(self.report_forever())
+        tails = asyncio.create_task(self.tail_forever())
         await self.stopping.wait()
         reporter.cancel()
+        tails.cancel()
         server.close()
         for task in self.tasks:
             task.cancel()

@@ -7,6 +7,7 @@ the child reports (ready, stats, errors), the restart policy and what ``lapidusc
 from __future__ import annotations
 
 import collections
+import select
 import signal
 import time
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
@@ -16,6 +17,7 @@ import psutil
 from .. import exitcodes
 from ..backoff import RestartPolicy
 from ..procutil import signal_tree
+from .rates import RateHistory
 from .states import State
 
 
@@ -45,6 +47,10 @@ class ChildHandle:
         self.killed = False               # SIGKILL sent to this process (reaped like any death)
         self.info: Dict[str, Any] = {}
         self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
+        self.rate_history = RateHistory()     # the status page's chart
+        # kind -> callback(fields) for messages beyond the ones handled here (the
+        # dispatcher's "tail" for the status page)
+        self.on_message: Dict[str, Callable[[dict], None]] = {}
         # event counts of earlier processes of this backend, so exported counters never shrink
         self.counts_base: Dict[Tuple[str, str], int] = {}
 
@@ -52,11 +58,13 @@ class ChildHandle:
     def pid(self) -> Optional[int]:
         return self.process.pid if self.process is not None else None
 
-    def spawn(self, ctx, target: Callable, args: tuple, with_pipe: bool = True) -> None:
-        """STOPPED/BACKOFF -> STARTING."""
+    def spawn(self, ctx, target: Callable, args: tuple, with_pipe: bool = True,
+              duplex: bool = False) -> None:
+        """STOPPED/BACKOFF -> STARTING.  With ``duplex`` the child also reads requests from
+        its pipe (:meth:`tell`)."""
         child_conn = None
         if with_pipe:
-            self.conn, child_conn = ctx.Pipe(duplex=False)
+            self.conn, child_conn = ctx.Pipe(duplex=duplex)
             args = args + (child_conn,)
         self.process = ctx.Process(target=target, args=args, name=f"lapidus:{self.name}",
                                    daemon=False)
@@ -104,6 +112,26 @@ class ChildHandle:
             elif kind == "error":
                 self.last_error = fields.get("message")
                 self.fatal_reported = bool(fields.get("fatal"))
+            elif kind in self.on_message:
+                self.on_message[kind](fields)
+
+    def tell(self, message: tuple) -> bool:
+        """Send a small request to a child spawned with ``duplex``, unless its pipe is full (a
+        child that does not read): the loop never waits on it.  False when not sent.
+
+        A unix socket polls writable only while at most a quarter of its send buffer is
+        used, so a message of a few hundred bytes then goes in without blocking."""
+        if self.conn is None:
+            return False
+        poller = select.poll()
+        poller.register(self.conn.fileno(), select.POLLOUT)
+        if not poller.poll(0):
+            return False
+        try:
+            self.conn.send(message)
+        except OSError:
+            return False
+        return True
 
     def _sample_rate(self, events: Optional[int]) -> None:
         """Keep a minute of (time, events) samples for the events/s column."""
@@ -113,6 +141,7 @@ class ChildHandle:
         if self.rate_samples and events < self.rate_samples[-1][1]:
             self.rate_samples.clear()   # a new worker process counts from zero again
         self.rate_samples.append((now, events))
+        self.rate_history.add(time.time(), events)
         while now - self.rate_samples[0][0] > 60.0:
             self.rate_samples.popleft()
 

@@ -1,27 +1,75 @@
-"""``/metrics`` and ``/healthz`` over HTTP, served from the arbiter loop.
+"""The HTTP listener: the status page (``/``, :mod:`.status_page`), ``/metrics`` and
+``/healthz``, served from the arbiter loop.
 
 Runs in the supervisor process, without threads: the listening socket and its clients are
 polled by the loop (:class:`LoopListener`; it explains why no thread), and a request (a few
-hundred bytes) is answered as soon as its head is complete.
+hundred bytes) is answered as soon as its head is complete.  The page's live updates are a
+stream (server-sent events) the loop writes to; see :mod:`.status_page`.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from typing import Callable, Optional, Tuple
+import urllib.parse
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from . import metrics
-from .listener import LoopListener
+from .listener import Client, LoopListener
+
+
+class Request(NamedTuple):
+    method: str
+    path: str                    # without the query
+    query: Dict[str, str]        # the first value of each parameter
+    headers: Dict[str, str]      # names in lower case
+
+
+class Response(NamedTuple):
+    code: str                    # "200 OK"
+    content_type: str
+    body: bytes
+    headers: Tuple[Tuple[str, str], ...] = ()
+
+
+def parse_request(received: bytes) -> Optional[Request]:
+    """The request once its head is complete, else None; ValueError for what is not HTTP."""
+    end = received.find(b"\r\n\r\n")
+    if end < 0:
+        end = received.find(b"\n\n")
+        if end < 0:
+            return None
+    lines = received[:end].decode("latin-1").splitlines()
+    parts = lines[0].split() if lines else []
+    if len(parts) < 2:
+        raise ValueError("not an HTTP request")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    path, _, query = parts[1].partition("?")
+    params = {k: v[0] for k, v in urllib.parse.parse_qs(query, keep_blank_values=True).items()}
+    return Request(parts[0], path, params, headers)
+
+
+def reply(response: Response, method: str = "GET") -> bytes:
+    head = f"HTTP/1.1 {response.code}\r\nContent-Type: {response.content_type}\r\n" \
+           f"Content-Length: {len(response.body)}\r\nConnection: close\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in response.headers)
+    return (head + "\r\n").encode() + (response.body if method != "HEAD" else b"")
 
 
 class HttpServer(LoopListener):
     max_request = 8192
 
-    def __init__(self, host: str, port: int, status: Callable[[], dict], log):
+    def __init__(self, host: str, port: int, status: Callable[[], dict], log, page=None):
         super().__init__(log)
         self.address = (host, port)
         self.status = status
+        self.page = page          # a StatusPage, or None: /metrics and /healthz only
+        if page is not None:
+            page.server = self
 
     def open(self) -> None:
         """Bind and listen; OSError (the address is in use, not local ...) goes to the caller."""
@@ -41,39 +89,53 @@ class HttpServer(LoopListener):
     def bound_port(self) -> Optional[int]:
         return self.sock.getsockname()[1] if self.sock is not None else None
 
-    def parse(self, received: bytes) -> Optional[Tuple[str, str]]:
-        if b"\r\n\r\n" not in received and b"\n\n" not in received:
-            return None
-        parts = received.split(b"\n", 1)[0].split()
-        if len(parts) < 2:
-            raise ValueError("not an HTTP request")
-        return parts[0].decode("latin-1"), parts[1].decode("latin-1")
+    def parse(self, received: bytes) -> Optional[Request]:
+        return parse_request(received)
 
     def error_response(self, message: str) -> bytes:
-        return self._reply("400 Bad Request", "text/plain", message.encode() + b"\n", "GET")
+        return reply(Response("400 Bad Request", "text/plain", message.encode() + b"\n"))
 
-    def respond(self, request: Tuple[str, str]) -> bytes:
-        method, path = request
-        code, content_type, body = self.route(method, path.split("?", 1)[0])
-        return self._reply(code, content_type, body, method)
+    def answer(self, client: Client, request: Request) -> None:
+        if self.page is not None and request.method == "GET" and self.page.streams(request):
+            refused = self.page.open_stream(client, request)
+            if refused is not None:
+                client.answer = memoryview(reply(refused))
+            return
+        super().answer(client, request)
 
-    @staticmethod
-    def _reply(code: str, content_type: str, body: bytes, method: str) -> bytes:
-        head = (f"HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        return head + (body if method != "HEAD" else b"")
+    def respond(self, request: Request) -> bytes:
+        return reply(self.route(request), request.method)
 
-    def route(self, method: str, path: str) -> Tuple[str, str, bytes]:
-        if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", "text/plain", b"only GET\n"
-        if path == "/metrics":
-            return "200 OK", metrics.CONTENT_TYPE, metrics.render(self.status()).encode()
-        if path == "/healthz":
+    def route(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return Response("405 Method Not Allowed", "text/plain", b"only GET\n")
+        if request.path == "/metrics":
+            return Response("200 OK", metrics.CONTENT_TYPE,
+                            metrics.render(self.status()).encode())
+        if request.path == "/healthz":
             health = healthz(self.status())
             body = json.dumps(health).encode() + b"\n"
-            return ("200 OK" if health["ok"] else "503 Service Unavailable"), \
-                "application/json", body
-        return "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
+            return Response("200 OK" if health["ok"] else "503 Service Unavailable",
+                            "application/json", body)
+        if self.page is not None:
+            response = self.page.route(request)
+            if response is not None:
+                return response
+            return Response("404 Not Found", "text/plain",
+                            b"try / (the status page), /metrics or /healthz\n")
+        return Response("404 Not Found", "text/plain", b"try /metrics or /healthz\n")
+
+    # the page pushes its updates from the loop's wake-ups
+
+    def next_deadline(self) -> Optional[float]:
+        due = [d for d in (super().next_deadline(),
+                           self.page.next_push() if self.page is not None else None) if d]
+        return min(due, default=None)
+
+    def expire(self, now: float) -> None:
+        super().expire(now)
+        if self.page is not None:
+            self.page.tick(now)
 
 
 def healthz(status: dict) -> dict:

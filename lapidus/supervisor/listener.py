@@ -7,6 +7,12 @@ and closes it at the deadline whatever it was doing.  Nothing waits on a client,
 trickles a byte at a time, never sends, or never reads its answer costs the loop nothing but a
 file descriptor until its deadline; reaping, restarts and the watchdog go on meanwhile.
 
+A subclass may turn a client into a *stream* once its request is complete (the status page's
+server-sent events): it then has no deadline and stays open; the loop writes what
+:meth:`LoopListener.send` queued for it whenever its socket takes more, and watches it for
+reading only to see it close.  What is queued is bounded (``max_backlog``): a client that stops
+reading is closed when it reaches that, so it costs memory up to the bound and never a wait.
+
 Why not a thread or asyncio: the supervisor forks its children, and forking while another
 thread holds a lock (logging, the allocator) can deadlock the child; an asyncio loop here would
 be imported into every forked worker.
@@ -35,6 +41,8 @@ class Client:
         self.deadline = deadline
         self.received = bytearray()
         self.answer: Optional[memoryview] = None   # set once the request is complete
+        self.stream = False                 # kept open; ``backlog`` is written as it comes
+        self.backlog = bytearray()
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -52,6 +60,7 @@ class LoopListener:
     deadline = 5.0          # seconds for a whole request and its answer
     max_request = 64 << 10  # bytes
     max_clients = 64        # beyond this a new connection is closed at once
+    max_backlog = 1 << 20   # bytes queued for a stream that does not read, before it is closed
 
     def __init__(self, log):
         self.log = log
@@ -70,6 +79,33 @@ class LoopListener:
         """What a client whose request cannot be taken gets (None: just close)."""
         return None
 
+    def answer(self, client: Client, request: Any) -> None:
+        """Answer a complete request: by default ``respond``'s bytes, then close.  A subclass
+        that streams calls :meth:`start_stream` here instead."""
+        client.answer = memoryview(self.respond(request))
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def start_stream(self, client: Client, head: bytes) -> None:
+        """Keep ``client`` open after its request: ``head`` goes first, then what
+        :meth:`send` queues."""
+        client.stream = True
+        client.deadline = float("inf")
+        client.backlog += head
+
+    def send(self, client: Client, data: bytes) -> bool:
+        """Queue ``data`` for a stream (written by the loop, never here); a client whose
+        backlog would pass ``max_backlog`` has stopped reading and is closed.  False when the
+        client is gone."""
+        if client.fileno() < 0 or self.clients.get(client.fileno()) is not client:
+            return False
+        if len(client.backlog) + len(data) > self.max_backlog:
+            self.log.info("a stream client stopped reading; closed", backlog=len(client.backlog))
+            self._close(client)
+            return False
+        client.backlog += data
+        return True
+
     # -- the loop's side ---------------------------------------------------------------------
 
     def listen(self, sock: socket.socket) -> None:
@@ -82,16 +118,19 @@ class LoopListener:
             return []
         entries: List[PollEntry] = [(self.sock.fileno(), READ, self._accept)]
         for client in self.clients.values():
-            mask = READ if client.answer is None else WRITE
+            if client.stream:
+                mask = READ | (WRITE if client.backlog else 0)
+            else:
+                mask = READ if client.answer is None else WRITE
             entries.append((client.fileno(), mask,
                             lambda events, c=client: self._serve(c, events)))
         return entries
 
     def next_deadline(self) -> Optional[float]:
-        return min((c.deadline for c in self.clients.values()), default=None)
+        return min((c.deadline for c in self.clients.values() if not c.stream), default=None)
 
     def expire(self, now: float) -> None:
-        """Close every client past its deadline."""
+        """Close every client past its deadline (streams have none)."""
         for client in [c for c in self.clients.values() if now >= c.deadline]:
             self.log.debug("client too slow; closed", deadline=self.deadline)
             self._close(client)
@@ -116,6 +155,9 @@ class LoopListener:
 
     def _serve(self, client: Client, events: int) -> None:
         try:
+            if client.stream:
+                self._serve_stream(client, events)
+                return
             if client.answer is None:
                 self._read(client, events)
             if client.answer is not None:
@@ -149,7 +191,27 @@ class LoopListener:
             client.answer = memoryview(answer)
             return
         if request is not None:
-            client.answer = memoryview(self.respond(request))
+            self.answer(client, request)
+            if client.stream:
+                self._serve_stream(client, 0)
+
+    def _serve_stream(self, client: Client, events: int) -> None:
+        """A stream's client sends nothing after its request: readable means it closed (or
+        sent something to ignore); writable means its backlog can go on."""
+        if events & (READ | BROKEN):
+            try:
+                chunk = client.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                chunk = None
+            if chunk == b"":
+                self._close(client)
+                return
+        if client.backlog:
+            try:
+                sent = client.sock.send(client.backlog)
+            except (BlockingIOError, InterruptedError):
+                return
+            del client.backlog[:sent]
 
     def _write(self, client: Client) -> None:
         try:

@@ -36,8 +36,8 @@ class ReloadPlan:
             plan.not_applied.append("state_dir")
         if old.control != new.control:
             plan.not_applied.append("control.socket")
-        if old.http != new.http:
-            plan.not_applied.append("http.listen")
+        if (old.http and old.http.listen) != (new.http and new.http.listen):
+            plan.not_applied.append("http.listen")   # a token change is applied (Arbiter.reload)
         if old.log != new.log:
             # children started from now on get the new ones; the supervisor keeps its own
             plan.not_applied.append("log (for the supervisor and the running children)")

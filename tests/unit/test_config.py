@@ -256,7 +256,8 @@ def test_bad_values_in_sections():
 
 def test_http_without_listen():
     assert problems(pg(), http={}) == [
-        "http.listen: missing (required: Address of `/metrics` (Prometheus) and `/healthz`)"]
+        "http.listen: missing (required: Address of the status page (`/`), `/metrics` "
+        "(Prometheus) and `/healthz`)"]
 
 
 def test_invalid_and_duplicate_names():

@@ -430,8 +430,9 @@ class PostgresSource(Source):
             except Exception as exc:   # a metrics query must never stop the stream
                 self.log.warning("could not read the slot's retained WAL", error=str(exc))
                 return self._slot_cache
-            self._slot_cache = {"slot_retained_wal_bytes": retained, "slot_wal_status": wal_status}
             limit = int(self.options.get("slot_warn_bytes") or 1 << 30)
+            self._slot_cache = {"slot_retained_wal_bytes": retained, "slot_wal_status": wal_status,
+                                "slot_warn_bytes": limit}
             if retained is not None and retained > limit:
                 self.log.warning("the server retains much WAL for this slot; is a sink down or "
                                  "Lapidus behind?", slot=self.slot, retained_bytes=retained,
