@@ -70,7 +70,8 @@ SUPERVISOR: Tuple[Setting, ...] = (
     Setting("stop_timeout", Seconds(), "Grace period between the stop signal and SIGKILL.",
             10.0),
     Setting("heartbeat_timeout", Seconds(), "A running worker silent for this long is "
-            "considered wedged, killed and restarted (workers report every second).", 60.0),
+            "considered wedged, killed and restarted (a worker reports every second while its "
+            "figures change, and at least four times per timeout when idle).", 60.0),
 )
 
 

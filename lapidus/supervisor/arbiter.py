@@ -265,7 +265,8 @@ class Arbiter:
     def _kill_stale(self) -> None:
         """A child that stopped reporting is wedged or frozen: kill it so it restarts.
 
-        Workers report once a second while running or waiting for their database, the
+        Workers report once a second while waiting for their database or while their figures
+        change, and at least four times per timeout when idle (runner.QUIET_REPORT_EVERY); the
         dispatcher once a second always."""
         now = time.monotonic()
         timeout = float(self.config.supervisor.heartbeat_timeout)
@@ -295,7 +296,8 @@ class Arbiter:
         state_dir = str(Path(self.config.state_dir) / backend.name)
         handle.spawn(self.ctx, worker_main, (
             backend.with_plugins(self.config.plugins_for(backend)), state_dir,
-            self.socket_path, self.config.log.format, self.config.log.level, os.getpid()))
+            self.socket_path, self.config.log.format, self.config.log.level,
+            float(self.config.supervisor.heartbeat_timeout), os.getpid()))
 
     def _spawn_dispatcher(self) -> None:
         # duplex: the status page asks it for the events of the backends it shows

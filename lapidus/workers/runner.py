@@ -34,6 +34,10 @@ from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 STATUS_EVERY = 1.0
+# Stats that did not change since the last report are sent again only this often (at most;
+# less when the supervisor's heartbeat_timeout is short), so a hundred idle workers do not
+# wake the supervisor a hundred times a second to learn nothing.
+QUIET_REPORT_EVERY = 10.0
 # How long one read may wait for the source. Sources wake at once when data arrives (inotify,
 # a socket), so this only bounds how late the loop looks at other things: acks and a pending
 # checkpoint need it soon; an idle worker with nothing in flight wakes once per status report,
@@ -68,11 +72,15 @@ class WorkerLoop:
     the process before it is told to stop.
     """
 
-    def __init__(self, backend, state_dir: Path, socket_path: str, status, log):
+    def __init__(self, backend, state_dir: Path, socket_path: str, status, log,
+                 heartbeat_timeout: float = 60.0):
         self.backend = backend
         self.state_dir = state_dir
         self.socket_path = socket_path
         self.status = status            # multiprocessing Connection to the supervisor
+        # the supervisor kills a worker silent for heartbeat_timeout: report well within it
+        self.quiet_report_every = max(STATUS_EVERY,
+                                      min(QUIET_REPORT_EVERY, heartbeat_timeout / 4))
         self.log = log
         self.store = CheckpointStore(state_dir)
         # (seq or None, checkpoint, commit time of the batch's first event or None)
@@ -211,6 +219,8 @@ class WorkerLoop:
 
     def _loop(self, source: Source, link: DispatcherLink) -> None:
         last_status = 0.0
+        reported: Optional[dict] = None
+        last_report = 0.0
         while not self.stopping:
             self._take_acks(link, 0.0)
             if len(self.inflight) >= self.max_inflight:
@@ -241,9 +251,11 @@ class WorkerLoop:
                 # the loop's own fields win over a source's extras of the same name
                 stats.update(events=self.events_sent, inflight=len(self.inflight),
                              position=_position_of(self.confirmed),
-                             event_counts=self.event_counts,
+                             event_counts=dict(self.event_counts),
                              lag_seconds=_age(self.oldest_unconfirmed_ts))
-                self.report("stats", **stats)
+                if stats != reported or now - last_report >= self.quiet_report_every:
+                    self.report("stats", **stats)
+                    reported, last_report = stats, now
 
     def _count(self, events) -> None:
         """Events per (schema.table, type) for /metrics: counted in C over the batch, then
@@ -312,7 +324,7 @@ def _position_of(checkpoint: Any) -> Optional[str]:
 
 
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
-                parent_pid: int, status) -> None:
+                heartbeat_timeout: float, parent_pid: int, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
 
     ``status`` is the write end of the pipe to the supervisor (appended by ChildHandle.spawn).
@@ -326,7 +338,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     log = logs.get_logger(backend=backend.name)
     path = Path(state_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    loop = WorkerLoop(backend, path, socket_path, status, log)
+    loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout)
     signal.signal(signal.SIGTERM, loop.request_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:

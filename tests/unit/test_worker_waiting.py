@@ -335,3 +335,70 @@ def test_mongodb_errors_are_classified(make, fatal, needle):
     settings = MongoSettings.from_options("cms", {"host": "db", "user": "u", "password": "pw"})
     error = mongo_errors.describe(settings, make(pymongo_errors), "reading changes")
     assert error.fatal is fatal and needle in str(error), error
+
+
+class IdleSource(Source):
+    """Nothing to read: each read advances the fake clock by its whole wait; the test's
+    ``script`` may change the source's status at given reads, and stops the loop."""
+
+    def __init__(self, backend, state_dir, log, loop_ref, clock, script):
+        super().__init__(backend, state_dir, log)
+        self.loop_ref, self.clock, self.script = loop_ref, clock, script
+        self.reads = 0
+        self.spool_bytes = 0
+        self.waits: List[float] = []
+
+    def open(self, checkpoint):
+        pass
+
+    def read(self, max_events, timeout):
+        self.reads += 1
+        self.waits.append(timeout)
+        self.clock[0] += timeout
+        self.script(self, self.loop_ref[0])
+        return Batch()
+
+    def status(self):
+        return {"spool_bytes": self.spool_bytes}
+
+    def close(self):
+        pass
+
+
+def test_an_idle_worker_waits_a_status_interval_and_repeats_unchanged_stats_rarely(
+        tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+
+    def script(source, loop):
+        if source.reads == 30:
+            source.spool_bytes = 4096          # a figure changes: reported at the next stats
+        if source.reads == 60:
+            loop.request_stop()
+
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = IdleSource(b, d, log, ref, clock, script)
+        return source
+
+    loop, reports = make_loop(tmp_path, monkeypatch, factory)
+    loop.quiet_report_every = 10.0
+    assert loop.run() == 0
+    assert set(source.waits) == {runner.READ_WAIT_IDLE}     # nothing in flight: no busy wake
+    stats = [f for kind, f in reports if kind == "stats"]
+    # 60 idle seconds: the first report, one per 10 quiet seconds, and the change at once
+    assert 7 <= len(stats) <= 8, len(stats)
+    assert [f["spool_bytes"] for f in stats].count(4096) >= 1
+    changed_at = next(i for i, f in enumerate(stats) if f["spool_bytes"] == 4096)
+    assert stats[changed_at - 1]["spool_bytes"] == 0
+
+
+def test_the_quiet_report_interval_stays_well_inside_the_heartbeat_timeout(tmp_path):
+    backend = SimpleNamespace(name="b", type="fake", options={})
+    status = SimpleNamespace(send=lambda message: None)
+    short = runner.WorkerLoop(backend, tmp_path, "sock", status, LOG, heartbeat_timeout=3.0)
+    default = runner.WorkerLoop(backend, tmp_path, "sock", status, LOG)
+    assert short.quiet_report_every == runner.STATUS_EVERY
+    assert default.quiet_report_every == runner.QUIET_REPORT_EVERY
