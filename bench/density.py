@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -170,11 +169,7 @@ def generator_main(names_csv: str, rate: float, duration: float, threads: int, f
         except Exception as exc:  # reported to the parent
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    L.run_in_threads(run, threads)
     with open(out, "wb") as f:
         pickle.dump({"commits": [r for rs in records for r in rs], "errors": errors}, f)
 

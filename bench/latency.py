@@ -265,15 +265,20 @@ def generator_main(backend: str, rate: float, duration: float, threads: int, fir
         except Exception as exc:  # reported to the parent
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    run_in_threads(run, threads)
     result = {"commits": sorted(itertools.chain.from_iterable(records)), "rows": sum(counts),
               "t0": t0, "finished": time.time(), "errors": errors}
     with open(out, "wb") as f:
         pickle.dump(result, f)
+
+
+def run_in_threads(target, count: int) -> None:
+    """``target(k)`` for k = 0 .. count-1, each in a thread of its own; returns when all did."""
+    threads = [threading.Thread(target=target, args=(k,)) for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 class Generator:
