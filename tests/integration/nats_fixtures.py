@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from typing import Dict, List, NamedTuple, Optional
@@ -27,6 +26,7 @@ import pytest
 from bench.chaos import servers
 from bench.chaos.servers import nats_server_on
 from tests.conftest import wait_until
+from tests.integration.recorder import BackgroundRecorder, recorders
 
 URL = "nats://127.0.0.1:4222"
 NATS_SERVER = "/usr/sbin/nats-server"
@@ -50,69 +50,37 @@ class Seen(NamedTuple):
     headers: Dict[str, str]
 
 
-class Watcher:
+class Watcher(BackgroundRecorder):
     """Records messages on ``subject`` (a wildcard is fine) from a background thread."""
+
+    what = "NATS"
 
     def __init__(self, subject: str, url: str = URL, **connect_options):
         self.subject = subject
         self.url = url
         self.connect_options = connect_options      # token, user/password, tls ...
-        self.messages: List[Seen] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: Optional[asyncio.Event] = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the test subscriber could not connect to NATS")
+        super().__init__()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._main())
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
+    async def listen(self):
         nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
                                 **self.connect_options)
 
         async def on_msg(msg) -> None:
-            with self._lock:
-                self.messages.append(Seen(msg.subject, msg.data, dict(msg.headers or {})))
+            self.record(Seen(msg.subject, msg.data, dict(msg.headers or {})))
 
         await nc.subscribe(self.subject, cb=on_msg, pending_msgs_limit=1 << 20)
         await nc.flush()
-        self._ready.set()
-        await self._stop.wait()
-        await nc.close()
-
-    def seen(self) -> List[Seen]:
-        with self._lock:
-            return list(self.messages)
+        return nc.close
 
     def wait_count(self, count: int, timeout: float = 30.0) -> List[Seen]:
         return wait_until(lambda: (lambda m: m if len(m) >= count else None)(self.seen()),
                           timeout, message=f"{count} messages on {self.subject}")
 
-    def close(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
 
 @pytest.fixture
 def watch():
     """``watch(subject)`` -> a started :class:`Watcher`; all are closed after the test."""
-    started: List[Watcher] = []
-
-    def start(subject: str) -> Watcher:
-        watcher = Watcher(subject)
-        started.append(watcher)
-        return watcher
-
-    yield start
-    for watcher in started:
-        watcher.close()
+    yield from recorders(Watcher)
 
 
 def run(coro):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import threading
 import uuid
 from typing import List, NamedTuple, Optional
 
@@ -24,6 +23,7 @@ import aiormq
 import pytest
 
 from tests.conftest import wait_until
+from tests.integration.recorder import BackgroundRecorder, recorders
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -64,46 +64,28 @@ def rabbit_exchange():
     asyncio.run(_with_channel(teardown))
 
 
-class Consumer:
+class Consumer(BackgroundRecorder):
     """Records every message of ``queue``, acknowledging each (a background thread)."""
+
+    what = "RabbitMQ"
 
     def __init__(self, queue: str):
         self.queue = queue
-        self.messages: List[Seen] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: Optional[asyncio.Event] = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the test consumer could not connect to RabbitMQ")
+        super().__init__()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._main())
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
+    async def listen(self):
         connection = await aiormq.connect(URL)
         channel = await connection.channel()
         await channel.basic_qos(prefetch_count=2000)
 
         async def on_message(message) -> None:
             p = message.header.properties
-            with self._lock:
-                self.messages.append(Seen(message.routing_key, message.body, p.message_id,
-                                          p.content_type, p.delivery_mode, dict(p.headers or {})))
+            self.record(Seen(message.routing_key, message.body, p.message_id,
+                             p.content_type, p.delivery_mode, dict(p.headers or {})))
             await message.channel.basic_ack(message.delivery.delivery_tag)
 
         await channel.basic_consume(self.queue, on_message)
-        self._ready.set()
-        await self._stop.wait()
-        await connection.close()
-
-    def seen(self) -> List[Seen]:
-        with self._lock:
-            return list(self.messages)
+        return connection.close
 
     def wait_unique(self, count: int, timeout: float = 60.0) -> List[Seen]:
         """Every message, once ``count`` distinct message ids arrived."""
@@ -113,24 +95,10 @@ class Consumer:
         return wait_until(enough, timeout, message=f"{count} distinct messages in {self.queue} "
                                                    f"(have {len(self.seen())})")
 
-    def close(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
 
 @pytest.fixture
 def consume():
-    started: List[Consumer] = []
-
-    def start(queue: str) -> Consumer:
-        consumer = Consumer(queue)
-        started.append(consumer)
-        return consumer
-
-    yield start
-    for consumer in started:
-        consumer.close()
+    yield from recorders(Consumer)
 
 
 def connections_of(backend: str) -> List[str]:
