@@ -9,14 +9,12 @@ stream equals ``SELECT *``.
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 
-from tests.conftest import wait_until
 from tests.integration.conftest import ctl
-from tests.integration.snapshot_helpers import ConcurrentWriter, fold, snapshot_state, until
+from tests.integration.snapshot_helpers import (ConcurrentWriter, fold, kill_worker_mid_snapshot,
+                                                resumed_reads, snapshot_state, until)
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
@@ -123,32 +121,14 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(sql, lapidus_factory):
         "plugins": {"stdout": {}}})
     writer.start()
     try:
-        running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
-            snapshot_state(proc, NAME)), 60, "a part of the snapshot", NAME)
-        assert running["state"] == "running" and running["table"] == f"{DATABASE}.t"
-        assert running["tables"] == 1 and running["rows_per_second"] > 0
+        running = kill_worker_mid_snapshot(proc, NAME, f"{DATABASE}.t", sql.run)
         # information_schema's estimate (InnoDB samples it: near, not exact)
         assert 100_000 < running["table_rows_estimated"] < 400_000
-        sql.run("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
-                "DELETE FROM t WHERE id % 1000 = 1")
-        old = proc.worker_pid(NAME)
-        os.kill(old, signal.SIGKILL)
-        wait_until(lambda: proc.worker_pid(NAME) != old, 30, message="a new worker")
-        until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the snapshot to resume", NAME)
-        resumed = [json.loads(line) for line in proc.log().splitlines()
-                   if '"snapshot resumed"' in line][0]
-        assert resumed["last_key"] and int(resumed["last_key"][0]) > 0
-        assert int(resumed["rows"]) > 0
-        until(proc, lambda: snapshot_state(proc, NAME).get("state") == "done", 60,
-              "the snapshot to finish", NAME)
     finally:
         writer.stop()
     events = wait_sentinel(proc, sql)
     assert fold(events) == table_content(sql)
-    reads = sum(1 for e in events if e["type"] == "read")
-    # resumed from a chunk: only what was emitted but not in a saved checkpoint at the kill
-    # is read again (from zero it would be 260k or more); the writer deletes some
-    assert 190_000 <= reads < 200_000 + 40_000, reads
+    resumed_reads(events)
 
 
 def test_a_table_without_a_primary_key_is_refused_by_name(sql, lapidus_factory):

@@ -11,9 +11,9 @@ import json
 import os
 import signal
 
-from tests.conftest import wait_until
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
-from tests.integration.snapshot_helpers import ConcurrentWriter, fold, snapshot_state, until
+from tests.integration.snapshot_helpers import (ConcurrentWriter, fold, kill_worker_mid_snapshot,
+                                                resumed_reads, snapshot_state, until)
 from tests.integration.nats_fixtures import create_stream, private_nats, stream_count
 
 __all__ = ["private_nats"]   # fixture, imported for pytest
@@ -105,36 +105,13 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
         "plugins": {"stdout": {}}})
     writer.start()
     try:
-        _kill_and_resume(proc, pg_db)
+        running = kill_worker_mid_snapshot(proc, "pg", "public.t", pg_db.sql)
+        assert running["table_rows_estimated"] == 200_000
     finally:
         writer.stop()
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
-    reads = sum(1 for e in events if e["type"] == "read")
-    # resumed from a chunk: from zero it would be 259k or more; only what was emitted but
-    # not yet in a saved checkpoint at the kill is read again (checkpoints are saved every
-    # 0.2 s, plus max_inflight_batches chunks in flight); the writer deletes some
-    assert 190_000 <= reads < 200_000 + 40_000, reads
-
-
-def _kill_and_resume(proc, pg_db):
-    running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
-        snapshot_state(proc)), 60, "a part of the snapshot")
-    assert running["state"] == "running" and running["table"] == "public.t"
-    assert running["table_rows_estimated"] == 200_000 and running["tables"] == 1
-    assert running["rows_per_second"] > 0
-    pg_db.sql("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
-              "DELETE FROM t WHERE id % 1000 = 1")
-    old = proc.worker_pid("pg")
-    os.kill(old, signal.SIGKILL)
-    wait_until(lambda: proc.worker_pid("pg") != old, 30, message="a new worker")
-    until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the snapshot to resume")
-    resumed = [json.loads(line) for line in proc.log().splitlines()
-               if '"snapshot resumed"' in line][0]
-    assert resumed["last_key"] and int(resumed["last_key"][0]) > 0
-    assert int(resumed["rows"]) > 0
-    until(proc, lambda: snapshot_state(proc).get("state") == "done", 60,
-          "the snapshot to finish")
+    resumed_reads(events)
 
 
 def test_a_table_without_a_primary_key_is_refused_by_name(pg_db, lapidus_factory):
