@@ -255,7 +255,6 @@ class MysqlSnapshot(SnapshotRun):
         super().__init__(backend, options, progress, log)
         self.settings = settings
         self.json_columns = json_columns     # the source's MariaDB JSON column lookup
-        self.conn = None
         self.shapes = {}
         self.position: Optional[Position] = None   # P of the held chunk
         self._gtid_at: Optional[str] = None        # GTID position of P, asked once if idle
@@ -289,24 +288,13 @@ class MysqlSnapshot(SnapshotRun):
         return self.conn
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:       # closing a broken connection may fail; nothing to keep
-                pass
-            self.conn = None
         self.position = None
         super().close()
 
     def _shape(self, conn, schema: str, table: str) -> _Shape:
         shape = self.shapes.get((schema, table))
         if shape is None:
-            key = primary_key(conn, schema, table)
-            if not key:
-                raise BackendError(
-                    f'backend "{self.backend}": table {schema}.{table} lost its primary key '
-                    f"during the snapshot; give it one again (or exclude it) and restart",
-                    fatal=True)
+            key = self.require_key(schema, table, primary_key(conn, schema, table))
             json = self.json_columns(schema, table) if self.json_columns else frozenset()
             columns = [Column(str(n), str(d), str(t), binary=(cs is None), json=str(n) in json)
                        for n, d, t, cs in _rows(conn, _COLUMNS, (schema, table))]

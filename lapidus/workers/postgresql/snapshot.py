@@ -194,7 +194,6 @@ class PgSnapshot(SnapshotRun):
         super().__init__(backend, options, progress, log)
         self.catalog = catalog          # the source's metadata connection (type look-ups)
         self.timeout_ms = int(self.timeout_seconds * 1000)
-        self.conn = None
         self.shapes: Dict[Table, _TableShape] = {}
 
     # -- the database side ----------------------------------------------------------------
@@ -213,24 +212,10 @@ class PgSnapshot(SnapshotRun):
             self.shapes.clear()
         return self.conn
 
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:
-                pass
-            self.conn = None
-        super().close()
-
     def _shape(self, conn, schema: str, table: str) -> _TableShape:
         shape = self.shapes.get((schema, table))
         if shape is None:
-            key = primary_key(conn, schema, table)
-            if not key:
-                raise BackendError(
-                    f'backend "{self.backend}": table {schema}.{table} lost its primary key '
-                    f"during the snapshot; give it one again (or exclude it) and restart",
-                    fatal=True)
+            key = self.require_key(schema, table, primary_key(conn, schema, table))
             with conn.cursor() as cur:
                 cur.execute(f"SELECT * FROM {qualified(schema, table)} LIMIT 0")
                 names = [col.name for col in cur.description]

@@ -48,6 +48,7 @@ class SnapshotRun:
         self.window: Optional[ChunkWindow] = None
         self.nonce = uuid.uuid4().hex[:12]   # tells this run's watermarks from a stale run's
         self.chunks = 0
+        self.conn = None                     # the run's own connection, once a chunk opened it
 
     # -- the worker's side ----------------------------------------------------------------
 
@@ -62,6 +63,12 @@ class SnapshotRun:
 
     def close(self) -> None:
         """Release the run's own connection; the held chunk is dropped (read again later)."""
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:       # closing a broken connection may fail; nothing to keep
+                pass
+            self.conn = None
         self.window = None
 
     def cancel(self) -> None:
@@ -71,6 +78,16 @@ class SnapshotRun:
         self.close()
 
     # -- helpers for the source's half ----------------------------------------------------
+
+    def require_key(self, schema: str, table: str, key: Sequence[str]) -> Sequence[str]:
+        """``key``, the table's primary key columns as found now; a table that lost its key
+        after the run began (it was checked before) stops the backend with the fix."""
+        if not key:
+            raise BackendError(
+                f'backend "{self.backend}": table {schema}.{table} lost its primary key '
+                f"during the snapshot; give it one again (or exclude it) and restart",
+                fatal=True)
+        return key
 
     def open_window(self, schema: str, table: str, key_names: Sequence[str]) -> ChunkWindow:
         """A new window for the next chunk; its ``watermark`` is unique to this run."""
