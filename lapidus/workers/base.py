@@ -102,6 +102,8 @@ class Source(abc.ABC):
     #: the progress of the current or last snapshot run, put in the checkpoint as
     #: ``"snapshot"``; None for a backend that never ran one
     snapshot_progress = None
+    #: the run in progress (a :class:`~.snapshot.run.SnapshotRun` of the source's kind), or None
+    snapshot = None
 
     def snapshot_running(self) -> bool:
         progress = self.snapshot_progress
@@ -122,6 +124,9 @@ class Source(abc.ABC):
 
     def cancel_snapshot(self) -> None:
         """Stop the current run (``lapidusctl backfill --cancel``); what it emitted stands."""
+        if self.snapshot is not None:
+            self.snapshot.cancel()
+        self.snapshot = None
 
     def target(self) -> str:
         """``HOST:PORT`` (or what names the server) for "waiting for ..." in the status."""

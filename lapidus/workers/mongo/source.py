@@ -264,11 +264,6 @@ class MongoSource(Source):
         self.log.info("backfill started", n=n, table=".".join(namespace), where=where)
         return ".".join(namespace)
 
-    def cancel_snapshot(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot.cancel()
-            self.snapshot = None
-
     def _prepare_snapshot(self, checkpoint: Optional[Any]) -> None:
         """The run as of ``checkpoint``: the initial snapshot on a first start, an
         unfinished run (initial or backfill) resumed from its saved progress, or none.  Every

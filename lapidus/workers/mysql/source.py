@@ -335,11 +335,6 @@ class MysqlSource(Source):
         self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
         return f"{schema}.{name}"
 
-    def cancel_snapshot(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot.cancel()
-        self.snapshot = None
-
     def _checkpoint(self) -> dict:
         state = self._changes.checkpoint().to_json()
         if self.snapshot_progress is not None:

@@ -248,11 +248,6 @@ class PostgresSource(Source):
         self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
         return f"{schema}.{name}"
 
-    def cancel_snapshot(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot.cancel()
-        self.snapshot = None
-
     def suspend(self) -> None:
         """Before a reconnect: let go of the server but keep a temporary slot (it still
         holds the position the reconnect resumes from)."""
