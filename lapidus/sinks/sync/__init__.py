@@ -172,9 +172,10 @@ class SyncSink(Sink):
 
     def _deliver(self, records: List[Record]) -> None:
         cursor = self.cursor.copy()
-        work: List[tuple] = [(r, -1) + order_of(r.position) for r in cursor.pending]
+        work: List[tuple] = [(r, -1) + order_of(r.position, r.type)
+                             for r in cursor.pending]
         for index, record in enumerate(records):
-            stream, key = order_of(record.position)
+            stream, key = order_of(record.position, record.type)
             if stream != "lsn":
                 self.applier.mysql = True
             if cursor.admits(record, stream, key):

@@ -103,7 +103,7 @@ def load(cur, state_schema: str, backend: str) -> Cursor:
                for (blob,) in cur.fetchall()
                for i, t, s, n, k, p, d in orjson.loads(bytes(blob))]
     if pending:
-        cursor.hold(pending, order_of(pending[0].position))
+        cursor.hold(pending, order_of(pending[0].position, pending[0].type))
     return cursor
 
 
