@@ -217,3 +217,53 @@ def test_binlog_load_with_updates_and_deletes(sql, target_db, lapidus_factory):
     finish(proc, sql, target_db, "INSERT INTO t (id) VALUES (-1)")
     assert len(pg_rows(target_db)) > 19000
     assert pg_rows(target_db) == my_rows(sql)
+
+
+def test_schema_changes_are_applied_in_order(sql, target_db, lapidus_factory):
+    sql.run("CREATE TABLE flush (id INT PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [backend()], "plugins": sync_plugin(target_db)})
+    running(proc)
+    # created by the sink at its first row, with the types of the CREATE TABLE
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY, a VARCHAR(10), gone TEXT, old INT, "
+            "at DATETIME(3), KEY (a)) ENGINE=InnoDB",
+            "INSERT INTO t VALUES (1, 'a', 'g', 10, '2026-11-30 10:00:00.125')",
+            "ALTER TABLE t ADD COLUMN price DECIMAL(10,2) AFTER a, ADD INDEX (old)",
+            "INSERT INTO t VALUES (2, 'b', 2.50, 'h', 20, NULL)",
+            "ALTER TABLE t DROP COLUMN gone",
+            "INSERT INTO t VALUES (3, 'c', 3.75, 30, NULL)",
+            "ALTER TABLE t RENAME COLUMN a TO title",
+            "INSERT INTO t VALUES (4, 'd', NULL, 40, NULL)",
+            "ALTER TABLE t CHANGE old newer BIGINT UNSIGNED",
+            "UPDATE t SET price = 1.25, newer = 18446744073709551615 WHERE id = 1")
+    finish(proc, sql, target_db, "INSERT INTO t (id) VALUES (-1)")
+    assert target_db.sql("SELECT column_name, data_type FROM information_schema.columns "
+                         "WHERE table_schema = 'crm' AND table_name = 't' "
+                         "ORDER BY ordinal_position") == \
+        [("id", "integer"), ("title", "text"), ("newer", "numeric"),
+         ("at", "timestamp without time zone"), ("price", "numeric")]     # AFTER: ignored
+    assert target_db.sql("SELECT id, title, price::text, newer::text, at::text FROM crm.t "
+                         "ORDER BY id") == \
+        [(-1, None, None, None, None),
+         (1, "a", "1.25", "18446744073709551615", "2026-11-30 10:00:00.125"),
+         (2, "b", "2.50", "20", None), (3, "c", "3.75", "30", None),
+         (4, "d", None, "40", None)]
+
+
+def test_a_change_the_sink_cannot_apply_holds_the_backend_until_the_target_is_changed(
+        sql, target_db, lapidus_factory):
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY, a INT NOT NULL)",
+            "CREATE TABLE flush (id INT PRIMARY KEY)")
+    target_db.sql("CREATE SCHEMA crm", "CREATE TABLE crm.t (id int PRIMARY KEY, a int)")
+    proc = lapidus_factory({"backends": [backend()], "plugins": sync_plugin(target_db)})
+    running(proc)
+    sql.run("INSERT INTO t VALUES (1, 1)",
+            "ALTER TABLE t DROP PRIMARY KEY, ADD PRIMARY KEY (id, a)",
+            "INSERT INTO t VALUES (1, 2)", "INSERT INTO flush VALUES (1)")
+    held = until(proc, lambda: (backend_status(proc.config_path).get("undeliverable") or {})
+                 .get("sync"), 30, "the schema change to be refused")
+    assert "primary key becomes (id, a)" in held["error"] and "crm.t" in held["error"]
+    assert "by hand" in held["fix"]
+    assert target_db.sql("SELECT id, a FROM crm.t") == [(1, 1)]      # nothing after it
+    target_db.sql("ALTER TABLE crm.t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (id, a)")
+    finish(proc, sql, target_db, "INSERT INTO t VALUES (-1, 0)")
+    assert target_db.sql("SELECT id, a FROM crm.t ORDER BY id, a") == [(-1, 0), (1, 1), (1, 2)]

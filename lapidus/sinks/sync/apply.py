@@ -21,7 +21,7 @@ import orjson
 from psycopg2 import sql
 
 from ...events import Record
-from . import ddl, tables
+from . import ddl, mysql_ddl, tables
 from .options import SyncOptions
 from .tables import TableInfo
 
@@ -275,11 +275,7 @@ class Applier:
                     (self._payload(r for r, _ in run),))
 
     def _schema(self, cur, record: Record, event: dict, index: int) -> None:
-        if self.mysql:
-            self.log.info("sync: schema event of a MySQL/MariaDB source not applied (not "
-                          "supported yet)", id=record.id)
-            return
-        ddl.apply(self, cur, record, event, index)
+        (mysql_ddl if self.mysql else ddl).apply(self, cur, record, event, index)
 
 
 def decode(record: Record) -> dict:
