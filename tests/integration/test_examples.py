@@ -103,3 +103,19 @@ def test_mysql_to_postgres(tmp_path):
         run_example("mysql-to-postgres", tmp_path)
     finally:
         clean()
+
+
+def test_materialized_view(tmp_path):
+    def clean():
+        _clean("DROP DATABASE IF EXISTS example_mv; "
+               "DROP USER IF EXISTS 'lapidus_mv'@'127.0.0.1';",
+               "DROP DATABASE IF EXISTS example_mv WITH (FORCE)",
+               "DROP ROLE IF EXISTS lapidus_mv")
+    clean()
+    try:
+        run_example("materialized-view", tmp_path)
+    finally:
+        clean()
+    log = (tmp_path / "materialized-view" / "lapidus.log").read_text()
+    # debounced: the burst of four changes (three transactions) made one refresh
+    assert log.count("refreshed customer_totals") == 1, log[-3000:]
