@@ -82,6 +82,57 @@ def child(proc, name):
     return wait_until(find, 20, message=f"process {name}")
 
 
+# A PostgreSQL table of many types, and rows of every one of them
+TYPED = """CREATE TABLE t (
+    id int PRIMARY KEY, v text, n numeric(30,9), b bytea, j jsonb, js json, ts timestamptz,
+    tl timestamp, d date, f float8, ok boolean, tags text[], nums int[], u uuid,
+    version int NOT NULL DEFAULT 0)"""
+
+FILL = """INSERT INTO t SELECT g, 'r' || g, g * 1000000.123456789, decode(md5(g::text), 'hex'),
+    jsonb_build_object('k', g, 'exact', 12345678901234567890.000000001, 'a', jsonb_build_array(1, 'x')),
+    json_build_object('g', g), '2026-11-30 11:33:35.295384+00'::timestamptz + g * interval '1 s',
+    '2026-11-30 11:33:35.5'::timestamp, '2026-11-30'::date + g, g / 3.0, g % 2 = 0,
+    ARRAY['a b', 'c"d', NULL], ARRAY[g, -g], md5(g::text)::uuid, 0
+    FROM generate_series(1, {rows}) g"""
+
+
+class Writer(threading.Thread):
+    """Random updates, deletes and inserts on ``t`` (its own connection) until stopped."""
+
+    def __init__(self, db, top, seed=11):
+        super().__init__(daemon=True)
+        self.db, self.top, self.random = db, top, random.Random(seed)
+        self.halt, self.done, self.error = threading.Event(), 0, None
+
+    def run(self):
+        conn = pg_connect(self.db.name)
+        try:
+            with conn.cursor() as cur:
+                while not self.halt.is_set():
+                    i = self.random.randint(1, self.top)
+                    kind = self.random.random()
+                    if kind < 0.6:
+                        cur.execute("UPDATE t SET v = %s, n = n + 0.000000001, version = "
+                                    "version + 1, j = j || '{\"w\": 1.10}' WHERE id = %s",
+                                    (f"u{self.done}", i))
+                    elif kind < 0.8:
+                        cur.execute("DELETE FROM t WHERE id = %s", (i,))
+                    else:
+                        cur.execute("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, '\\x00ff') "
+                                    "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
+                                    (i + self.top, f"i{self.done}"))
+                    self.done += 1
+        except Exception as exc:
+            self.error = exc
+        finally:
+            conn.close()
+
+    def stop(self):
+        self.halt.set()
+        self.join(10)
+        assert self.error is None, self.error
+
+
 # A target trigger that counts every row change applied to {table}: a change applied twice
 # shows as a count above the row's own version + 1.
 TRIGGER = """
@@ -96,9 +147,10 @@ CREATE TRIGGER count_applied AFTER INSERT OR UPDATE ON {table} FOR EACH ROW
 """
 
 
-def applied_twice(target, table="t"):
-    """Rows of ``table`` whose trigger count says a change was applied more than once."""
-    return target.sql(f"SELECT t.id, t.version, a.n FROM {table} t JOIN applied a USING (id) "
+def applied_twice(query, table="t"):
+    """Rows of ``table`` whose trigger count says a change was applied more than once;
+    ``query(sql)`` gives the target's rows."""
+    return query(f"SELECT t.id, t.version, a.n FROM {table} t JOIN applied a USING (id) "
                       f"WHERE a.n <> t.version + 1")
 
 
@@ -135,17 +187,17 @@ class TxWriter(threading.Thread):
         assert self.error is None, self.error
 
 
-def kill_during_load(proc, target, names, table="t"):
+def kill_during_load(proc, query, names, table="t"):
     """``kill -9`` each process of ``names`` in turn while rows arrive in ``table``, sampling
-    the target all along; returns the samples' torn transactions (``tx`` values with other
+    the target (``query(sql)`` gives its rows) all along; returns the samples' torn transactions (``tx`` values with other
     than five rows: half a source transaction visible), which must be none."""
     torn = []
 
     def sample():
         # the 6-change transactions are cut by small batches: a cut one must never show
-        torn.extend(target.sql(f"SELECT tx, count(*) FROM {table} WHERE tx > 0 GROUP BY tx "
-                               f"HAVING count(*) <> 5"))
-        return target.sql(f"SELECT count(*) FROM {table}")[0][0]
+        torn.extend(query(f"SELECT tx, count(*) FROM {table} WHERE tx > 0 GROUP BY tx "
+                          f"HAVING count(*) <> 5"))
+        return query(f"SELECT count(*) FROM {table}")[0][0]
     before = 0
     for name in names:
         before = sample()

@@ -188,7 +188,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
     writer = TxWriter(connect)
     writer.start()
     try:
-        torn = kill_during_load(proc, target_db, ("lapidus:dispatch", "lapidus:crm"),
+        torn = kill_during_load(proc, target_db.sql, ("lapidus:dispatch", "lapidus:crm"),
                                 table="crm.t")
     finally:
         writer.stop()
@@ -199,7 +199,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
     assert target_db.sql("SELECT id, v, n::text, tx, version FROM crm.t ORDER BY id") == \
         [(i, v, str(n) if n is not None else None, tx, version) for i, v, n, tx, version in
          sql.rows("SELECT id, v, n, tx, version FROM t ORDER BY id")]
-    twice = applied_twice(target_db, "crm.t")
+    twice = applied_twice(target_db.sql, "crm.t")
     assert not twice, f"rows applied more than once: {twice[:10]}"
 
 

@@ -19,33 +19,20 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import threading
 
 import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import backend_status, ctl, pg_backend, pg_connect
-from tests.integration.sync_fixtures import (TRIGGER, TxWriter, applied_twice, child, has_row,
-                                             kill_during_load, running, snapshot_done,
-                                             sync_plugin, until)
+from tests.integration.sync_fixtures import (FILL, TRIGGER, TYPED, TxWriter, Writer,
+                                             applied_twice, child, has_row, kill_during_load,
+                                             running, snapshot_done, sync_plugin, until)
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.integration.sync_fixtures"]
 
-TYPED = """CREATE TABLE t (
-    id int PRIMARY KEY, v text, n numeric(30,9), b bytea, j jsonb, js json, ts timestamptz,
-    tl timestamp, d date, f float8, ok boolean, tags text[], nums int[], u uuid,
-    version int NOT NULL DEFAULT 0)"""
-
-FILL = """INSERT INTO t SELECT g, 'r' || g, g * 1000000.123456789, decode(md5(g::text), 'hex'),
-    jsonb_build_object('k', g, 'exact', 12345678901234567890.000000001, 'a', jsonb_build_array(1, 'x')),
-    json_build_object('g', g), '2026-11-30 11:33:35.295384+00'::timestamptz + g * interval '1 s',
-    '2026-11-30 11:33:35.5'::timestamp, '2026-11-30'::date + g, g / 3.0, g % 2 = 0,
-    ARRAY['a b', 'c"d', NULL], ARRAY[g, -g], md5(g::text)::uuid, 0
-    FROM generate_series(1, {rows}) g"""
 
 
 def rows(db, table="t"):
@@ -65,41 +52,6 @@ def finish(proc, source, target, sentinel_sql, table="t", key=-1, timeout=60):
     until(proc, lambda: has_row(target, table, key), timeout, "the sentinel in the target")
 
 
-class Writer(threading.Thread):
-    """Random updates, deletes and inserts on ``t`` (its own connection) until stopped."""
-
-    def __init__(self, db, top, seed=11):
-        super().__init__(daemon=True)
-        self.db, self.top, self.random = db, top, random.Random(seed)
-        self.halt, self.done, self.error = threading.Event(), 0, None
-
-    def run(self):
-        conn = pg_connect(self.db.name)
-        try:
-            with conn.cursor() as cur:
-                while not self.halt.is_set():
-                    i = self.random.randint(1, self.top)
-                    kind = self.random.random()
-                    if kind < 0.6:
-                        cur.execute("UPDATE t SET v = %s, n = n + 0.000000001, version = "
-                                    "version + 1, j = j || '{\"w\": 1.10}' WHERE id = %s",
-                                    (f"u{self.done}", i))
-                    elif kind < 0.8:
-                        cur.execute("DELETE FROM t WHERE id = %s", (i,))
-                    else:
-                        cur.execute("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, '\\x00ff') "
-                                    "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
-                                    (i + self.top, f"i{self.done}"))
-                    self.done += 1
-        except Exception as exc:
-            self.error = exc
-        finally:
-            conn.close()
-
-    def stop(self):
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
 
 
 def test_pg_snapshot_under_a_writer_gives_an_exact_replica(pg_db, target_db, lapidus_factory):
@@ -168,7 +120,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
     writer = TxWriter(connect)
     writer.start()
     try:
-        torn = kill_during_load(proc, target_db, ("lapidus:dispatch", "lapidus:pg"))
+        torn = kill_during_load(proc, target_db.sql, ("lapidus:dispatch", "lapidus:pg"))
     finally:
         writer.stop()
     finish(proc, pg_db, target_db, "INSERT INTO t (id, tx) VALUES (-1, -1)")
@@ -176,7 +128,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
     assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed
     assert proc.log().count('"child": "dispatcher", "pid"') >= 2    # ... and the dispatcher
     assert rows(target_db) == rows(pg_db)
-    twice = applied_twice(target_db)
+    twice = applied_twice(target_db.sql)
     assert not twice, f"rows applied more than once: {twice[:10]}"
 
 

@@ -65,6 +65,11 @@ def value_expr(column: tables.Column, source: str, path: str = "item") -> sql.Co
 class Applier:
     """Applies the events of one backend; keeps the target tables' descriptions."""
 
+    @staticmethod
+    def decode(record: Record) -> dict:
+        """The event's fields, for the names, keys and column sets (values stay in the JSON)."""
+        return orjson.loads(record.data)
+
     def __init__(self, options: SyncOptions, backend: str, log):
         self.options = options
         self.backend = backend
@@ -94,7 +99,7 @@ class Applier:
         target = self.target_name(record.schema, record.table)
         info = self.infos.get(target)
         if info is None:
-            info = tables.describe(cur, *target)
+            info = self.describe(cur, *target)
             if info is None:
                 info = self._create(cur, record, event, target, index)
             self.infos[target] = info
@@ -117,11 +122,23 @@ class Applier:
             columns = [(renames.get(c["name"], c["name"]), c["type"]) for c in declared]
         else:
             item = event.get("item") or event.get("pk") or {}
-            columns = [(renames.get(k, k), tables.inferred_type(v)) for k, v in item.items()]
-        tables.create(cur, target[0], target[1], columns, pk)
+            columns = [(renames.get(k, k), self.inferred_type(v)) for k, v in item.items()]
+        self.create_table(cur, target[0], target[1], columns, pk)
         self.log.info("sync: created the target table", table=label,
                       types="from a schema event" if declared else "inferred from values")
-        return tables.describe(cur, *target)
+        return self.describe(cur, *target)
+
+    # -- what a target of another kind does its own way (mysql_apply.MysqlApplier) ----------
+
+    describe = staticmethod(tables.describe)
+    inferred_type = staticmethod(tables.inferred_type)
+
+    def create_table(self, cur, schema: str, table: str, columns, pk) -> None:
+        """``columns``: (name, PostgreSQL type) pairs."""
+        tables.create(cur, schema, table, columns, pk)
+
+    def truncate(self, cur, info: TableInfo) -> None:
+        cur.execute(sql.SQL("TRUNCATE {}").format(info.ident))
 
     # -- applying ---------------------------------------------------------------------------
 
@@ -159,8 +176,7 @@ class Applier:
             self._flush(cur, run, run_shape)
             run, run_shape, run_keys = [], None, set()
             if kind == "truncate" and record.table is not None:
-                info = self.info(cur, record, event, index)
-                cur.execute(sql.SQL("TRUNCATE {}").format(info.ident))
+                self.truncate(cur, self.info(cur, record, event, index))
             elif kind == "schema":
                 self._schema(cur, record, event, index)
             elif kind == "gap":
@@ -277,6 +293,3 @@ class Applier:
     def _schema(self, cur, record: Record, event: dict, index: int) -> None:
         (mysql_ddl if self.mysql else ddl).apply(self, cur, record, event, index)
 
-
-def decode(record: Record) -> dict:
-    return orjson.loads(record.data)

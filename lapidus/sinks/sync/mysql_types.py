@@ -7,7 +7,8 @@ type as the event carries it (docs/types-mysql.md) and refuses none: unsigned ty
 next wider type, strings are ``text`` (a length limit only refuses), ``TIME`` is an
 ``interval`` (its hours go to 838, negative too), ``BIT`` a ``numeric(20)``.  The names are
 those ``format_type()`` prints, so a target column can be compared with them.  The table is
-in docs/sync.md ("MySQL and MariaDB sources").
+in docs/sync.md ("MySQL and MariaDB sources").  :func:`mysql_type` maps the other way, for
+tables created in a MySQL/MariaDB target ("A MySQL or MariaDB target").
 """
 
 from __future__ import annotations
@@ -73,3 +74,39 @@ def pg_type(mysql_type: str) -> Optional[str]:
     if name == "tinyint" and args == ["1"]:
         return "smallint"
     return _PLAIN.get(name)
+
+
+# -- the other way: columns of a MySQL/MariaDB target -------------------------------------------
+
+_FROM_PG = {
+    "smallint": "SMALLINT", "integer": "INT", "bigint": "BIGINT", "real": "FLOAT",
+    "double precision": "DOUBLE", "boolean": "BOOLEAN", "date": "DATE", "bytea": "LONGBLOB",
+    "json": "JSON", "jsonb": "JSON", "uuid": "CHAR(36)", "text": "LONGTEXT",
+}
+
+
+def mysql_type(pg: str, key: bool = False) -> str:
+    """The MySQL/MariaDB column type for a PostgreSQL type (``format_type()`` form, or one of
+    :func:`.tables.inferred_type`'s), holding every value exactly; a key column gets a type MySQL can
+    index (``VARCHAR(255)``/``VARBINARY(255)`` for text and bytea)."""
+    pg = re.sub(r"\s+", " ", pg.strip().lower())
+    if pg.endswith("[]"):
+        return "JSON"
+    m = re.match(r"^numeric\((\d+),(\d+)\)$", pg.replace(" ", ""))
+    if m and int(m.group(1)) <= 65 and int(m.group(2)) <= 30:
+        return f"DECIMAL({m.group(1)},{m.group(2)})"
+    m = re.match(r"^timestamp(?:\((\d)\))? with(out)? time zone$", pg)
+    if m:
+        return f"DATETIME({m.group(1) or 6})"
+    m = re.match(r"^time(?:\((\d)\))? without time zone$", pg)
+    if m:
+        return f"TIME({m.group(1) or 6})"
+    m = re.match(r"^(?:character varying|varchar|character|char)\((\d+)\)$", pg)
+    if m:
+        return f"VARCHAR({m.group(1)})"
+    if pg in _FROM_PG and not (key and pg in ("text", "bytea")):
+        return _FROM_PG[pg]
+    if pg == "bytea":
+        return "VARBINARY(255)"
+    # an unconstrained numeric keeps every digit as text; so do intervals, ranges, enums...
+    return "VARCHAR(255)" if key else "LONGTEXT"

@@ -1,6 +1,7 @@
 """The target's record of what it already holds: ``lapidus_sync_state`` and the held tail.
 
-Runs in the dispatcher process, in the sync sink's worker thread (psycopg2, blocking).  Both
+Runs in the dispatcher process, in the sync sink's worker thread (psycopg2, blocking; a
+MySQL/MariaDB target has the same tables and cursor, :mod:`.mysql_target`).  Both
 tables live in the target and are written in the same target transaction as the rows they
 describe, which is the whole exactly-once argument: after a crash anywhere, the target's rows
 and its cursor are of the same moment.
@@ -71,6 +72,21 @@ class Cursor:
                       self.pending_group, set(self.pending_ids))
 
 
+def pending_rows(records: List[Record]) -> Optional[bytes]:
+    """Held events as the one value of a ``lapidus_sync_pending`` row (None: none to store)."""
+    if not records:
+        return None
+    return orjson.dumps([[r.id, r.type, r.schema, r.table,
+                          list(r.key) if r.key is not None else None, r.position,
+                          r.data.decode("utf-8")] for r in records])
+
+
+def pending_from_rows(blobs) -> List[Record]:
+    """The held events of the ``lapidus_sync_pending`` rows' values, in ``seq`` order."""
+    return [Record(i, t, s, n, tuple(k) if k is not None else None, p, d.encode("utf-8"))
+            for blob in blobs for i, t, s, n, k, p, d in orjson.loads(blob)]
+
+
 def ensure_tables(cur, state_schema: str) -> None:
     ident = sql.Identifier(state_schema)
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
@@ -99,9 +115,7 @@ def load(cur, state_schema: str, backend: str) -> Cursor:
             cursor.open_ids = set(row[1]["ids"])
     cur.execute(sql.SQL("SELECT records FROM {}.{} WHERE backend = %s ORDER BY seq").format(
         ident, sql.Identifier(PENDING)), (backend,))
-    pending = [Record(i, t, s, n, tuple(k) if k is not None else None, p, d.encode("utf-8"))
-               for (blob,) in cur.fetchall()
-               for i, t, s, n, k, p, d in orjson.loads(bytes(blob))]
+    pending = pending_from_rows(bytes(blob) for (blob,) in cur.fetchall())
     if pending:
         cursor.hold(pending, order_of(pending[0].position, pending[0].type))
     return cursor
@@ -128,10 +142,8 @@ def save(cur, state_schema: str, backend: str, cursor: Cursor, last_id: Optional
     if not keep:
         cur.execute(sql.SQL("DELETE FROM {}.{} WHERE backend = %s").format(
             ident, sql.Identifier(PENDING)), (backend,))
-    if cursor.pending[keep:]:
-        blob = orjson.dumps([[r.id, r.type, r.schema, r.table,
-                              list(r.key) if r.key is not None else None, r.position,
-                              r.data.decode("utf-8")] for r in cursor.pending[keep:]])
+    blob = pending_rows(cursor.pending[keep:])
+    if blob is not None:
         cur.execute(sql.SQL("INSERT INTO {}.{} (backend, seq, records) SELECT %s, "
                             "COALESCE(max(seq) + 1, 0), %s FROM {}.{} WHERE backend = %s").format(
             ident, sql.Identifier(PENDING), ident, sql.Identifier(PENDING)),
