@@ -19,24 +19,12 @@ import psutil
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import PgDatabase, backend_status, drop_slots_of, pg_connect
+from tests.integration.conftest import backend_status, pg_connect, throwaway_database
 
 
 @pytest.fixture
 def target_db():
-    name = f"lapidus_it_sync_{uuid.uuid4().hex[:8]}"
-    admin = pg_connect()
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    db = PgDatabase(name)
-    try:
-        yield db
-    finally:
-        db.conn.close()
-        drop_slots_of(admin, name)
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
+    yield from throwaway_database(f"lapidus_it_sync_{uuid.uuid4().hex[:8]}")
 
 
 def sync_plugin(target, **options):
@@ -96,41 +84,54 @@ FILL = """INSERT INTO t SELECT g, 'r' || g, g * 1000000.123456789, decode(md5(g:
     FROM generate_series(1, {rows}) g"""
 
 
-class Writer(threading.Thread):
-    """Random updates, deletes and inserts on ``t`` (its own connection) until stopped."""
+class LoadThread(threading.Thread):
+    """Writes on a source (its own connection) until stopped; ``stop()`` fails the test with
+    the writer's error, if it had one.  Subclasses write one step in ``step(cur)``."""
 
-    def __init__(self, db, top, seed=11):
+    def __init__(self, connect, seed):
         super().__init__(daemon=True)
-        self.db, self.top, self.random = db, top, random.Random(seed)
+        self.connect, self.random = connect, random.Random(seed)
         self.halt, self.done, self.error = threading.Event(), 0, None
+        self.conn = None
 
     def run(self):
-        conn = pg_connect(self.db.name)
+        self.conn = self.connect()
         try:
-            with conn.cursor() as cur:
+            with self.conn.cursor() as cur:
                 while not self.halt.is_set():
-                    i = self.random.randint(1, self.top)
-                    kind = self.random.random()
-                    if kind < 0.6:
-                        cur.execute("UPDATE t SET v = %s, n = n + 0.000000001, version = "
-                                    "version + 1, j = j || '{\"w\": 1.10}' WHERE id = %s",
-                                    (f"u{self.done}", i))
-                    elif kind < 0.8:
-                        cur.execute("DELETE FROM t WHERE id = %s", (i,))
-                    else:
-                        cur.execute("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, '\\x00ff') "
-                                    "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
-                                    (i + self.top, f"i{self.done}"))
+                    self.step(cur)
                     self.done += 1
         except Exception as exc:
             self.error = exc
         finally:
-            conn.close()
+            self.conn.close()
 
     def stop(self):
         self.halt.set()
         self.join(10)
         assert self.error is None, self.error
+
+
+class Writer(LoadThread):
+    """Random updates, deletes and inserts on :data:`TYPED`'s ``t`` (autocommit)."""
+
+    def __init__(self, db, top, seed=11):
+        super().__init__(lambda: pg_connect(db.name), seed)
+        self.top = top
+
+    def step(self, cur):
+        i = self.random.randint(1, self.top)
+        kind = self.random.random()
+        if kind < 0.6:
+            cur.execute("UPDATE t SET v = %s, n = n + 0.000000001, version = "
+                        "version + 1, j = j || '{\"w\": 1.10}' WHERE id = %s",
+                        (f"u{self.done}", i))
+        elif kind < 0.8:
+            cur.execute("DELETE FROM t WHERE id = %s", (i,))
+        else:
+            cur.execute("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, '\\x00ff') "
+                        "ON CONFLICT (id) DO UPDATE SET v = excluded.v",
+                        (i + self.top, f"i{self.done}"))
 
 
 # A target trigger that counts every row change applied to {table}: a change applied twice
@@ -151,46 +152,43 @@ def applied_twice(query, table="t"):
     """Rows of ``table`` whose trigger count says a change was applied more than once;
     ``query(sql)`` gives the target's rows."""
     return query(f"SELECT t.id, t.version, a.n FROM {table} t JOIN applied a USING (id) "
-                      f"WHERE a.n <> t.version + 1")
+                 f"WHERE a.n <> t.version + 1")
 
 
-class TxWriter(threading.Thread):
+class TxWriter(LoadThread):
     """Transactions of five inserts (one ``tx`` value) plus one update that bumps a row's
     ``version``: a row's every change is counted by ``version``.  ``connect()`` gives a
     connection outside autocommit (psycopg2 or pymysql: the SQL is the same)."""
 
     def __init__(self, connect, seed=5):
-        super().__init__(daemon=True)
-        self.connect, self.random = connect, random.Random(seed)
-        self.halt, self.tx, self.error = threading.Event(), 0, None
+        super().__init__(connect, seed)
 
-    def run(self):
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                while not self.halt.is_set():
-                    self.tx += 1
-                    base = self.tx * 5
-                    cur.execute("INSERT INTO t (id, v, n, tx) VALUES " + ", ".join(
-                        f"({i}, 'x', {i * 0.01:.2f}, {self.tx})" for i in range(base, base + 5)))
-                    cur.execute("UPDATE t SET version = version + 1, n = n + 1 WHERE id = %s",
-                                (self.random.randint(5, base + 4),))
-                    conn.commit()
-        except Exception as exc:
-            self.error = exc
-        finally:
-            conn.close()
-
-    def stop(self):
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
+    def step(self, cur):
+        tx = self.done + 1
+        base = tx * 5
+        cur.execute("INSERT INTO t (id, v, n, tx) VALUES " + ", ".join(
+            f"({i}, 'x', {i * 0.01:.2f}, {tx})" for i in range(base, base + 5)))
+        cur.execute("UPDATE t SET version = version + 1, n = n + 1 WHERE id = %s",
+                    (self.random.randint(5, base + 4),))
+        self.conn.commit()
 
 
-def kill_during_load(proc, query, names, table="t"):
-    """``kill -9`` each process of ``names`` in turn while rows arrive in ``table``, sampling
-    the target (``query(sql)`` gives its rows) all along; returns the samples' torn transactions (``tx`` values with other
-    than five rows: half a source transaction visible), which must be none."""
+def transactions_on(db):
+    """A ``connect()`` for :func:`kill_during_load`: a connection to the PostgreSQL ``db``
+    outside autocommit."""
+    def connect():
+        conn = pg_connect(db.name)
+        conn.autocommit = False
+        return conn
+    return connect
+
+
+def kill_during_load(proc, connect, query, names, table="t"):
+    """Run a :class:`TxWriter` on the source (``connect()``: its connection) and ``kill -9``
+    each process of ``names`` in turn while its rows arrive in the target's ``table``, sampling
+    the target (``query(sql)`` gives its rows) all along.  Returns the samples' torn
+    transactions (``tx`` values with other than five rows: half a source transaction
+    visible), which must be none."""
     torn = []
 
     def sample():
@@ -198,10 +196,15 @@ def kill_during_load(proc, query, names, table="t"):
         torn.extend(query(f"SELECT tx, count(*) FROM {table} WHERE tx > 0 GROUP BY tx "
                           f"HAVING count(*) <> 5"))
         return query(f"SELECT count(*) FROM {table}")[0][0]
-    before = 0
-    for name in names:
-        before = sample()
-        until(proc, lambda: sample() > before + 200, 30, "rows applied before the kill")
-        os.kill(child(proc, name), signal.SIGKILL)
-    until(proc, lambda: sample() > before + 400, 40, "rows applied after the kills")
+    writer = TxWriter(connect)
+    writer.start()
+    try:
+        before = 0
+        for name in names:
+            before = sample()
+            until(proc, lambda: sample() > before + 200, 30, "rows applied before the kill")
+            os.kill(child(proc, name), signal.SIGKILL)
+        until(proc, lambda: sample() > before + 400, 40, "rows applied after the kills")
+    finally:
+        writer.stop()
     return torn

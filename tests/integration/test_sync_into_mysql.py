@@ -23,9 +23,10 @@ import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
-from tests.integration.conftest import backend_status, pg_backend, pg_connect
-from tests.integration.sync_fixtures import (FILL, TYPED, TxWriter, Writer, applied_twice,
-                                             kill_during_load, running, snapshot_done, until)
+from tests.integration.conftest import backend_status, pg_backend
+from tests.integration.sync_fixtures import (FILL, TYPED, Writer, applied_twice,
+                                             kill_during_load, running, snapshot_done,
+                                             transactions_on, until)
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
@@ -127,16 +128,8 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
         "plugins": into_mariadb(batch_transactions=3)})
     running(proc)
 
-    def connect():
-        conn = pg_connect(pg_db.name)
-        conn.autocommit = False
-        return conn
-    writer = TxWriter(connect)
-    writer.start()
-    try:
-        torn = kill_during_load(proc, sql.rows, ("lapidus:dispatch", "lapidus:pg"))
-    finally:
-        writer.stop()
+    torn = kill_during_load(proc, transactions_on(pg_db), sql.rows,
+                            ("lapidus:dispatch", "lapidus:pg"))
     finish(proc, pg_db, sql, "INSERT INTO t (id, tx) VALUES (-1, -1)")
     assert not torn, f"half a source transaction was visible: {torn[:5]}"
     assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed

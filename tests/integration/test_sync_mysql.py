@@ -20,16 +20,15 @@ import json
 import os
 import random
 import signal
-import threading
 
 import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import backend_status
-from tests.integration.sync_fixtures import (TRIGGER, TxWriter, applied_twice, child, has_row,
-                                             kill_during_load, running, snapshot_done,
-                                             sync_plugin, until)
+from tests.integration.sync_fixtures import (TRIGGER, LoadThread, applied_twice, child,
+                                             has_row, kill_during_load, running,
+                                             snapshot_done, sync_plugin, until)
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
@@ -79,45 +78,38 @@ def fill(sql, first, last):
         sql.run(f"INSERT INTO t VALUES {values}")
 
 
-def change_at_random(sql, rnd, top, label):
+def change_at_random(cur, rnd, top, label):
     """An update, delete or insert (of an id above 100000) of a random row up to ``top``."""
     i = rnd.randint(1, top)
     kind = rnd.random()
     if kind < 0.6:
-        sql.run("UPDATE t SET v = %s, n = n + 0.000000001, j = JSON_SET(j, '$.w', 1.10) "
-                "WHERE id = %s", args=(label, i))
+        cur.execute("UPDATE t SET v = %s, n = n + 0.000000001, j = JSON_SET(j, '$.w', 1.10) "
+                    "WHERE id = %s", (label, i))
     elif kind < 0.8:
-        sql.run("DELETE FROM t WHERE id = %s", args=(i,))
+        cur.execute("DELETE FROM t WHERE id = %s", (i,))
     else:
-        sql.run("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, x'00ff') "
-                "ON DUPLICATE KEY UPDATE v = VALUES(v)", args=(i + 100000, label))
+        cur.execute("INSERT INTO t (id, v, n, b) VALUES (%s, %s, 1.5, x'00ff') "
+                    "ON DUPLICATE KEY UPDATE v = VALUES(v)", (i + 100000, label))
 
 
-class MyWriter(threading.Thread):
-    """Random updates, deletes and inserts on ``t`` (its own connection) until stopped."""
+def connection(autocommit=True):
+    """A root connection to this session's test database."""
+    from tests.integration.mysql_fixtures import root_connection
+    conn = root_connection()
+    conn.select_db(database())
+    conn.autocommit(autocommit)
+    return conn
+
+
+class MyWriter(LoadThread):
+    """Random updates, deletes and inserts on ``t`` (autocommit) until stopped."""
 
     def __init__(self, top, seed=11):
-        super().__init__(daemon=True)
-        self.top, self.random = top, random.Random(seed)
-        self.halt, self.done, self.error = threading.Event(), 0, None
+        super().__init__(connection, seed)
+        self.top = top
 
-    def run(self):
-        from tests.integration.mysql_fixtures import Sql
-        sql = Sql()
-        try:
-            sql.run(f"USE `{database()}`")
-            while not self.halt.is_set():
-                change_at_random(sql, self.random, self.top, f"u{self.done}")
-                self.done += 1
-        except Exception as exc:
-            self.error = exc
-        finally:
-            sql.close()
-
-    def stop(self):
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
+    def step(self, cur):
+        change_at_random(cur, self.random, self.top, f"u{self.done}")
 
 
 def database():
@@ -177,21 +169,12 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
         "plugins": sync_plugin(target_db, batch_transactions=3)})
 
     def connect():
-        from tests.integration.mysql_fixtures import root_connection
-        conn = root_connection()
-        conn.select_db(database())
-        conn.autocommit(False)
-        return conn
+        return connection(autocommit=False)
     # during a snapshot the target holds parts of chunks, which are not whole transactions
     # (docs/sync.md): the load whose transactions are sampled comes after it
     snapshot_done(proc)
-    writer = TxWriter(connect)
-    writer.start()
-    try:
-        torn = kill_during_load(proc, target_db.sql, ("lapidus:dispatch", "lapidus:crm"),
-                                table="crm.t")
-    finally:
-        writer.stop()
+    torn = kill_during_load(proc, connect, target_db.sql, ("lapidus:dispatch", "lapidus:crm"),
+                            table="crm.t")
     finish(proc, sql, target_db, "INSERT INTO t (id, tx) VALUES (-1, -1)")
     assert not torn, f"half a source transaction was visible: {torn[:5]}"
     assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed
@@ -212,8 +195,9 @@ def test_binlog_load_with_updates_and_deletes(sql, target_db, lapidus_factory):
     sql.run("INSERT INTO t (id) VALUES (0)")                     # a row of NULLs
     for chunk in range(40):                                    # 20k rows, 500 a transaction
         fill(sql, chunk * 500 + 1, chunk * 500 + 500)
-        for n in range(25):                                    # the writer meanwhile
-            change_at_random(sql, rnd, chunk * 500 + 500, f"u{chunk}.{n}")
+        with sql.conn.cursor() as cur:
+            for n in range(25):                                # the writer meanwhile
+                change_at_random(cur, rnd, chunk * 500 + 500, f"u{chunk}.{n}")
     finish(proc, sql, target_db, "INSERT INTO t (id) VALUES (-1)")
     assert len(pg_rows(target_db)) > 19000
     assert pg_rows(target_db) == my_rows(sql)

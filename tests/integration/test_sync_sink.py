@@ -25,10 +25,11 @@ import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
-from tests.integration.conftest import backend_status, ctl, pg_backend, pg_connect
-from tests.integration.sync_fixtures import (FILL, TRIGGER, TYPED, TxWriter, Writer,
+from tests.integration.conftest import backend_status, ctl, pg_backend
+from tests.integration.sync_fixtures import (FILL, TRIGGER, TYPED, Writer,
                                              applied_twice, child, has_row, kill_during_load,
-                                             running, snapshot_done, sync_plugin, until)
+                                             running, snapshot_done, sync_plugin,
+                                             transactions_on, until)
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.integration.sync_fixtures"]
@@ -113,16 +114,8 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
         "plugins": sync_plugin(target_db, batch_transactions=3)})
     running(proc)
 
-    def connect():
-        conn = pg_connect(pg_db.name)
-        conn.autocommit = False
-        return conn
-    writer = TxWriter(connect)
-    writer.start()
-    try:
-        torn = kill_during_load(proc, target_db.sql, ("lapidus:dispatch", "lapidus:pg"))
-    finally:
-        writer.stop()
+    torn = kill_during_load(proc, transactions_on(pg_db), target_db.sql,
+                            ("lapidus:dispatch", "lapidus:pg"))
     finish(proc, pg_db, target_db, "INSERT INTO t (id, tx) VALUES (-1, -1)")
     assert not torn, f"half a source transaction was visible: {torn[:5]}"
     assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed

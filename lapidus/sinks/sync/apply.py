@@ -241,12 +241,17 @@ class Applier:
     def _payload(self, records) -> str:
         return "[" + ",".join(r.data.decode("utf-8") for r in records) + "]"
 
-    def _upsert(self, cur, info: TableInfo, run: list, names: Sequence[str],
-                distinct: bool) -> None:
-        first, index = run[0][0], run[0][1]
+    @staticmethod
+    def _keyed(info: TableInfo, first: Record, index: int) -> None:
         if not info.pk:
             raise Refused(index, f"sync: the target table {info.label} has no primary key "
                                  f"(event {first.id})", f"give {info.label} a primary key")
+
+    def _upsert_columns(self, info: TableInfo, run: list, names: Sequence[str]):
+        """The (source, column) pairs of an upsert's run, and the target column names; the
+        run refused when the target has no key, or the events no value for it."""
+        first, index = run[0][0], run[0][1]
+        self._keyed(info, first, index)
         cols = self._columns(info, first, names, index)
         targets = [c.name for _, c in cols]
         missing = [k for k in info.pk if k not in targets]
@@ -254,6 +259,11 @@ class Applier:
             raise Refused(index, f"sync: the event {first.id} has no value for the key "
                                  f"column(s) {', '.join(missing)} of {info.label}",
                           "make the target's primary key the source's")
+        return cols, targets
+
+    def _upsert(self, cur, info: TableInfo, run: list, names: Sequence[str],
+                distinct: bool) -> None:
+        cols, targets = self._upsert_columns(info, run, names)
         ident = sql.SQL(", ").join(map(sql.Identifier, targets))
         values = sql.SQL(", ").join(value_expr(c, s) for s, c in cols)
         rest = [t for t in targets if t not in info.pk]
@@ -276,10 +286,7 @@ class Applier:
         cur.execute(statement, (self._payload(r for r, _, _ in run),))
 
     def _delete(self, cur, info: TableInfo, run: list, path: str, first: Record) -> None:
-        index = run[0][1]
-        if not info.pk:
-            raise Refused(index, f"sync: the target table {info.label} has no primary key "
-                                 f"(event {first.id})", f"give {info.label} a primary key")
+        self._keyed(info, first, run[0][1])
         renames = self.column_names(first.schema, first.table)
         back = {v: k for k, v in renames.items()}
         cond = sql.SQL(" AND ").join(

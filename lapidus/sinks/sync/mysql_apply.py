@@ -171,17 +171,7 @@ class MysqlApplier(Applier):
 
     def _upsert(self, cur, info: TableInfo, run: list, names: Sequence[str],
                 distinct: bool) -> None:
-        first, index = run[0][0], run[0][1]
-        if not info.pk:
-            raise Refused(index, f"sync: the target table {info.label} has no primary key "
-                                 f"(event {first.id})", f"give {info.label} a primary key")
-        cols = self._columns(info, first, names, index)
-        targets = [c.name for _, c in cols]
-        missing = [k for k in info.pk if k not in targets]
-        if missing:
-            raise Refused(index, f"sync: the event {first.id} has no value for the key "
-                                 f"column(s) {', '.join(missing)} of {info.label}",
-                          "make the target's primary key the source's")
+        cols, targets = self._upsert_columns(info, run, names)
         rest = [t for t in targets if t not in info.pk] or info.pk[:1]
         statement = (f"INSERT INTO {ident(info.schema, info.name)} "
                      f"({', '.join(map(ident, targets))}) VALUES "
@@ -190,10 +180,7 @@ class MysqlApplier(Applier):
         cur.executemany(statement, [self._values(info, cols, r) for r, _, _ in run])
 
     def _delete(self, cur, info: TableInfo, run: list, path: str, first: Record) -> None:
-        index = run[0][1]
-        if not info.pk:
-            raise Refused(index, f"sync: the target table {info.label} has no primary key "
-                                 f"(event {first.id})", f"give {info.label} a primary key")
+        self._keyed(info, first, run[0][1])
         key = self._key(info, first)
         cur.executemany(f"DELETE FROM {ident(info.schema, info.name)} WHERE "
                         + " AND ".join(f"{ident(c.name)} = %s" for _, c in key),
