@@ -208,3 +208,13 @@ def kill_during_load(proc, connect, query, names, table="t"):
     finally:
         writer.stop()
     return torn
+
+
+def assert_once_through_the_kills(proc, torn, query, table="t"):
+    """After :func:`kill_during_load` and the sentinel: both processes were killed and
+    restarted, no sample saw half a transaction, the trigger saw no change applied twice."""
+    assert not torn, f"half a source transaction was visible: {torn[:5]}"
+    assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed
+    assert proc.log().count('"child": "dispatcher", "pid"') >= 2    # ... and the dispatcher
+    twice = applied_twice(query, table)
+    assert not twice, f"rows applied more than once: {twice[:10]}"

@@ -26,9 +26,10 @@ import pytest
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import backend_status
-from tests.integration.sync_fixtures import (TRIGGER, LoadThread, applied_twice, child,
-                                             has_row, kill_during_load, running,
-                                             snapshot_done, sync_plugin, until)
+from tests.integration.sync_fixtures import (TRIGGER, LoadThread,
+                                             assert_once_through_the_kills, child, has_row,
+                                             kill_during_load, running, snapshot_done,
+                                             sync_plugin, until)
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
@@ -176,14 +177,10 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
     torn = kill_during_load(proc, connect, target_db.sql, ("lapidus:dispatch", "lapidus:crm"),
                             table="crm.t")
     finish(proc, sql, target_db, "INSERT INTO t (id, tx) VALUES (-1, -1)")
-    assert not torn, f"half a source transaction was visible: {torn[:5]}"
-    assert backend_status(proc.config_path)["restarts"] >= 1       # the worker was killed
-    assert proc.log().count('"child": "dispatcher", "pid"') >= 2    # ... and the dispatcher
     assert target_db.sql("SELECT id, v, n::text, tx, version FROM crm.t ORDER BY id") == \
         [(i, v, str(n) if n is not None else None, tx, version) for i, v, n, tx, version in
          sql.rows("SELECT id, v, n, tx, version FROM t ORDER BY id")]
-    twice = applied_twice(target_db.sql, "crm.t")
-    assert not twice, f"rows applied more than once: {twice[:10]}"
+    assert_once_through_the_kills(proc, torn, target_db.sql, "crm.t")
 
 
 def test_binlog_load_with_updates_and_deletes(sql, target_db, lapidus_factory):

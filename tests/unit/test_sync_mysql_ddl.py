@@ -17,9 +17,11 @@ from lapidus.sinks.sync.tables import Column
 @pytest.mark.parametrize("mysql, pg", [
     ("INT", "integer"), ("int(11) unsigned", "bigint"), ("BIGINT UNSIGNED", "numeric(20,0)"),
     ("tinyint(1)", "smallint"), ("smallint unsigned zerofill", "integer"),
-    ("DECIMAL(30,9)", "numeric(30,9)"), ("decimal", "numeric(10,0)"), ("NUMERIC(5)", "numeric(5,0)"),
+    ("DECIMAL(30,9)", "numeric(30,9)"), ("decimal", "numeric(10,0)"),
+    ("NUMERIC(5)", "numeric(5,0)"),
     ("DOUBLE", "double precision"), ("double precision", "double precision"), ("FLOAT", "real"),
-    ("DATETIME(6)", "timestamp(6) without time zone"), ("datetime", "timestamp(0) without time zone"),
+    ("DATETIME(6)", "timestamp(6) without time zone"),
+    ("datetime", "timestamp(0) without time zone"),
     ("TIMESTAMP(3) NULL DEFAULT NULL", "timestamp(3) with time zone"), ("TIME(2)", "interval"),
     ("DATE NOT NULL", "date"), ("YEAR", "smallint"), ("BIT(8)", "numeric(20,0)"),
     ("VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL", "text"),
@@ -44,15 +46,18 @@ def test_clauses_are_cut_outside_parentheses_and_quotes():
 
 
 @pytest.mark.parametrize("pg, key, mysql", [
-    ("integer", False, "INT"), ("bigint", False, "BIGINT"), ("numeric(30,9)", False, "DECIMAL(30,9)"),
+    ("integer", False, "INT"), ("bigint", False, "BIGINT"),
+    ("numeric(30,9)", False, "DECIMAL(30,9)"),
     ("numeric(70,2)", False, "LONGTEXT"), ("numeric", False, "LONGTEXT"),
-    ("numeric(20,0)", True, "DECIMAL(20,0)"), ("text", False, "LONGTEXT"), ("text", True, "VARCHAR(255)"),
+    ("numeric(20,0)", True, "DECIMAL(20,0)"), ("text", False, "LONGTEXT"),
+    ("text", True, "VARCHAR(255)"),
     ("character varying(40)", False, "VARCHAR(40)"), ("bytea", False, "LONGBLOB"),
     ("bytea", True, "VARBINARY(255)"), ("jsonb", False, "JSON"), ("text[]", False, "JSON"),
     ("timestamp(3) with time zone", False, "DATETIME(3)"), ("timestamp without time zone", False,
                                                             "DATETIME(6)"),
     ("time without time zone", False, "TIME(6)"), ("boolean", False, "BOOLEAN"),
-    ("double precision", False, "DOUBLE"), ("uuid", False, "CHAR(36)"), ("interval", False, "LONGTEXT"),
+    ("double precision", False, "DOUBLE"), ("uuid", False, "CHAR(36)"),
+    ("interval", False, "LONGTEXT"),
 ])
 def test_postgresql_types_map_to_mysql_types_that_hold_every_value(pg, key, mysql):
     assert mysql_type(pg, key=key) == mysql
@@ -60,7 +65,8 @@ def test_postgresql_types_map_to_mysql_types_that_hold_every_value(pg, key, mysq
 
 def test_values_are_converted_by_the_mysql_column_type_and_stay_exact():
     event = MysqlApplier.decode(Record("x", "insert", "s", "t", None, "0/1", (
-        b'{"n": 12345678901234567890.000000001, "f": 0.1, "j": {"a": [1, 2.50, null], "s": "\\u00e9"},'
+        b'{"n": 12345678901234567890.000000001, "f": 0.1, '
+        b'"j": {"a": [1, 2.50, null], "s": "\\u00e9"},'
         b' "b": "AP8=", "ts": "2026-12-01T10:00:00.5+02:00", "z": "2026-12-01T08:00:00Z",'
         b' "set": ["a", "c"], "ok": true, "arr": [1, 2]}')))
     def col(kind):

@@ -87,8 +87,8 @@ _FROM_PG = {
 
 def mysql_type(pg: str, key: bool = False) -> str:
     """The MySQL/MariaDB column type for a PostgreSQL type (``format_type()`` form, or one of
-    :func:`.tables.inferred_type`'s), holding every value exactly; a key column gets a type MySQL can
-    index (``VARCHAR(255)``/``VARBINARY(255)`` for text and bytea)."""
+    :func:`.tables.inferred_type`'s), holding every value exactly; a key column gets a type
+    MySQL can index (``VARCHAR(255)``/``VARBINARY(255)`` for text and bytea)."""
     pg = re.sub(r"\s+", " ", pg.strip().lower())
     if pg.endswith("[]"):
         return "JSON"
