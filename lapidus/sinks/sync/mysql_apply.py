@@ -28,6 +28,8 @@ import re
 from decimal import Decimal
 from typing import Dict, List, Optional, Sequence
 
+import orjson
+
 from ...events import Record
 from . import tables
 from .apply import Applier, Refused
@@ -44,15 +46,15 @@ def ident(*names: str) -> str:
     return ".".join("`" + n.replace("`", "``") + "`" for n in names)
 
 
+def _exact(value):
+    if isinstance(value, Decimal):
+        return orjson.Fragment(str(value))      # the number's own digits, as they came
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
 def json_text(value) -> str:
     """JSON text of a value parsed with exact numbers (``Decimal`` keeps its digits)."""
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {json_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(json_text(v) for v in value) + "]"
-    return json.dumps(value, ensure_ascii=False)
+    return orjson.dumps(value, default=_exact).decode()
 
 
 def utc_datetime(text: str) -> str:
@@ -126,6 +128,7 @@ class MysqlApplier(Applier):
     """:class:`.apply.Applier` with MySQL's statements and value conversion."""
 
     describe = staticmethod(describe)
+    _events: Dict[int, dict] = {}
 
     @staticmethod
     def decode(record: Record) -> dict:
@@ -156,12 +159,21 @@ class MysqlApplier(Applier):
         finally:
             conn.close()
 
+    def apply(self, cur, records: Sequence[Record], events: Sequence[dict],
+              indexes: Sequence[int]) -> None:
+        # the statements take their values from the events decoded already, not again
+        self._events = {id(r): e for r, e in zip(records, events)}
+        try:
+            super().apply(cur, records, events, indexes)
+        finally:
+            self._events = {}
+
     def truncate(self, cur, info: TableInfo) -> None:
         # TRUNCATE is a DDL in MySQL (it commits): a DELETE stays in the transaction
         cur.execute(f"DELETE FROM {ident(info.schema, info.name)}")
 
     def _values(self, info: TableInfo, cols, record: Record, path: str = "item") -> list:
-        event = self.decode(record)
+        event = self._events.get(id(record)) or self.decode(record)
         image = event.get(path) or {}
         return [convert(c, image.get(source)) for source, c in cols]
 
