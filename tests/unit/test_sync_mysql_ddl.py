@@ -65,10 +65,10 @@ def test_postgresql_types_map_to_mysql_types_that_hold_every_value(pg, key, mysq
 
 def test_values_are_converted_by_the_mysql_column_type_and_stay_exact():
     event = MysqlApplier.decode(Record("x", "insert", "s", "t", None, "0/1", (
-        b'{"n": 12345678901234567890.000000001, "f": 0.1, '
+        b'{"item": {"n": 12345678901234567890.000000001, "f": 0.1, '
         b'"j": {"a": [1, 2.50, null], "s": "\\u00e9"},'
         b' "b": "AP8=", "ts": "2026-12-01T10:00:00.5+02:00", "z": "2026-12-01T08:00:00Z",'
-        b' "set": ["a", "c"], "ok": true, "arr": [1, 2]}')))
+        b' "set": ["a", "c"], "ok": true, "arr": [1, 2]}}')))["item"]
     def col(kind):
         return Column("c", "", kind)
     assert str(convert(col("plain"), event["n"])) == "12345678901234567890.000000001"
@@ -90,3 +90,14 @@ def test_a_mysql_dsn():
     assert (args["host"], args["port"], args["user"], args["password"], args["database"]) == \
         ("replica", 3307, "sync@x", "p:ss", "copy")
     assert "STRICT_ALL_TABLES" in args["init_command"] and "+00:00" in args["init_command"]
+
+
+def test_events_are_decoded_with_exact_numbers_fast_or_not():
+    def decoded(data):
+        return MysqlApplier.decode(Record("x", "insert", "s", "t", None, "0/1", data))
+    fast = decoded(b'{"item": {"id": 18446744073709551615, "doc": {"a": [1, "x"]}}}')
+    assert fast["item"]["id"] == 18446744073709551615
+    exact = decoded(b'{"item": {"id": 1, "doc": {"n": 12345678901234567890.000000001}}}')
+    assert str(exact["item"]["doc"]["n"]) == "12345678901234567890.000000001"
+    huge = decoded(b'{"item": {"id": 123456789012345678901234567890}}')
+    assert huge["item"]["id"] == 123456789012345678901234567890

@@ -7,8 +7,9 @@ names and the key handling are :class:`.apply.Applier`'s; what differs is that M
 take values out of a JSON parameter by the column's type the way PostgreSQL does, so each
 value is converted here, by the target column's type, from the event's exact form:
 
-* events are parsed with exact numbers (``Decimal``: a NUMERIC or a JSON number never meets a
-  float); a DECIMAL column gets the digits, a JSON column the JSON text with the same digits;
+* events are parsed with exact numbers (an event with a JSON number that has a fraction is
+  parsed again with ``Decimal``s: a JSON column's number never meets a float); a DECIMAL
+  column gets the digits, a JSON column the JSON text with the same digits;
 * BLOB and BINARY columns the bytes of the base64 string; DATETIME and TIMESTAMP columns the
   RFC 3339 time in UTC (the session's zone) without its offset; SET columns the array joined;
   objects and arrays (PostgreSQL arrays) into other columns their JSON text.
@@ -55,6 +56,16 @@ def _exact(value):
 def json_text(value) -> str:
     """JSON text of a value parsed with exact numbers (``Decimal`` keeps its digits)."""
     return orjson.dumps(value, default=_exact).decode()
+
+
+def _has_float(value) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def utc_datetime(text: str) -> str:
@@ -132,7 +143,15 @@ class MysqlApplier(Applier):
 
     @staticmethod
     def decode(record: Record) -> dict:
-        return json.loads(record.data, parse_float=Decimal)
+        """The event with exact numbers: orjson's (fast) where it has no float, whose digits
+        a float may have rounded (a JSON column's number); else ``Decimal``s."""
+        try:
+            event = orjson.loads(record.data)
+        except orjson.JSONDecodeError:      # an integer beyond 64 bits
+            return json.loads(record.data, parse_float=Decimal)
+        if any(_has_float(event.get(path)) for path in ("item", "before", "pk")):
+            return json.loads(record.data, parse_float=Decimal)
+        return event
 
     @staticmethod
     def inferred_type(value) -> str:
