@@ -3,11 +3,14 @@ database): what exactly-once rests on."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lapidus.events import Record
 from lapidus.sinks.sync.options import SyncOptions, validate
 from lapidus.sinks.sync.order import UnorderedPosition, completes_itself, order_of
+from lapidus.sinks.sync import state
 from lapidus.sinks.sync.state import Cursor
 
 
@@ -87,3 +90,22 @@ def test_options():
     assert parsed.table_map("public", "items").table == "products"
     assert parsed.table_map("public", "o").columns == {"a": "b"}
     assert parsed.table_map("other", "o").columns == {}
+
+
+def test_a_large_open_chunk_group_stops_keeping_its_ids(monkeypatch):
+    """An idle MariaDB source's snapshot is one group: past OPEN_IDS_MAX ids the list is no
+    longer kept (nor rewritten at each commit), and its rows are admitted again."""
+    monkeypatch.setattr(state, "OPEN_IDS_MAX", 3)
+    cursor = Cursor()
+    cursor.applied("gtid:0", 9, [f"crm:read:0:d.t:[{i}]" for i in range(2)], partial=True)
+    assert not cursor.admits(rec("crm:read:0:d.t:[1]", "read"), "gtid:0", 9)
+    assert json.loads(cursor.open_json())["ids"] == ["crm:read:0:d.t:[0]", "crm:read:0:d.t:[1]"]
+    cursor.applied("gtid:0", 9, [f"crm:read:0:d.t:[{i}]" for i in range(2, 5)], partial=True)
+    assert cursor.admits(rec("crm:read:0:d.t:[1]", "read"), "gtid:0", 9)
+    assert json.loads(cursor.open_json()) == {"stream": "gtid:0", "key": 9, "ids": None}
+    again = Cursor()
+    again.load_open(json.loads(cursor.open_json()))
+    assert again.open_untracked and again.copy().open_untracked
+    cursor.applied("gtid:0", 10, [], partial=False)                # a transaction after it
+    assert not cursor.admits(rec("crm:read:0:d.t:[1]", "read"), "gtid:0", 9)
+    assert not cursor.open_untracked and cursor.open_json() is None

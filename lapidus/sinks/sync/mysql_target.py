@@ -91,10 +91,7 @@ class MysqlTarget:
             cursor = Cursor()
             if row:
                 cursor.keys = {k: int(v) for k, v in orjson.loads(row[0]).items()}
-                if row[1]:
-                    opened = orjson.loads(row[1])
-                    cursor.open_group = (opened["stream"], int(opened["key"]))
-                    cursor.open_ids = set(opened["ids"])
+                cursor.load_open(orjson.loads(row[1]) if row[1] else None)
             cur.execute(f"SELECT records FROM {database}.{PENDING} WHERE backend = %s "
                         f"ORDER BY seq", (backend,))
             pending = pending_from_rows(bytes(blob) for (blob,) in cur.fetchall())
@@ -107,10 +104,7 @@ class MysqlTarget:
     def save(cur, config, backend: str, cursor: Cursor, last_id: Optional[str], changed: bool,
              keep: int) -> None:
         database = _ident(state_database(config))
-        opened = None
-        if cursor.open_group is not None:
-            opened = orjson.dumps({"stream": cursor.open_group[0], "key": cursor.open_group[1],
-                                   "ids": sorted(cursor.open_ids)}).decode()
+        opened = cursor.open_json()
         cur.execute(f"INSERT INTO {database}.{STATE} (backend, `cursor`, `open`, last_id, "
                     f"applied_at) VALUES (%s, %s, %s, %s, NOW(6)) ON DUPLICATE KEY UPDATE "
                     f"`cursor` = VALUES(`cursor`), `open` = VALUES(`open`), "
