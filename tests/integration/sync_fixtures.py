@@ -50,6 +50,13 @@ def snapshot_done(proc, timeout=60, what="the snapshot to finish"):
           .get("state") == "done", timeout, what)
 
 
+def held(proc, what="the schema change to be refused"):
+    """The sink's refusal the backend is held at (``on_undeliverable = "hold"``): its
+    ``error`` and ``fix``, once status shows it."""
+    return until(proc, lambda: (backend_status(proc.config_path).get("undeliverable") or {})
+                 .get("sync"), 30, what)
+
+
 def has_row(db, table, key):
     try:
         return bool(db.sql(f"SELECT 1 FROM {table} WHERE id = {key}"))
