@@ -189,6 +189,7 @@ class Dispatcher:
         self.log = log
         self.pipelines: Dict[str, Pipeline] = {}
         self.shared: Dict[str, Sink] = {}
+        self.making: Dict[str, asyncio.Lock] = {}     # per backend: one pipeline made at a time
         self.tasks: List[asyncio.Task] = []
         self.failed: Optional[BaseException] = None
         self.stopping = asyncio.Event()
@@ -213,7 +214,15 @@ class Dispatcher:
         """The pipeline of a backend.  ``backend`` is the configuration its worker sent with
         HELLO (plugins resolved); when its plugins differ from the pipeline's (a reload
         changed them), the pipeline is made anew.  Without it (at start) the dispatcher's
-        own configuration is used."""
+        own configuration is used.
+
+        Made under a lock per backend: the start's pipeline and the one a HELLO asks for
+        meanwhile must not both be made (two instances of a sink, the first one orphaned:
+        a sync sink's lock on its target then held for good)."""
+        async with self.making.setdefault(backend_name, asyncio.Lock()):
+            return await self._pipeline_for(backend_name, backend)
+
+    async def _pipeline_for(self, backend_name: str, backend=None) -> Pipeline:
         if backend is None:
             backend = next(b for b in self.config.backends if b.name == backend_name)
             plugins = self.config.plugins_for(backend)

@@ -83,7 +83,12 @@ class PgDatabase:
 
 @pytest.fixture
 def pg_db():
-    name = f"lapidus_it_{uuid.uuid4().hex[:10]}"
+    yield from throwaway_database(f"lapidus_it_{uuid.uuid4().hex[:10]}")
+
+
+def throwaway_database(name: str):
+    """A fixture's body: the database ``name`` created, yielded, then dropped with its
+    slots."""
     admin = pg_connect()
     with admin.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name}")

@@ -116,3 +116,38 @@ def test_pipeline_health_names_sinks_by_plugin_and_survives_a_failing_health():
     assert health["nats"] == {"connected": True, "down_seconds": None}
     assert "boom" in health["webhook"]["error"]
     assert "stdout" not in health
+
+
+def test_a_pipeline_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch):
+    """The start's pipeline and the one a worker's HELLO asks for meanwhile: one set of sinks,
+    not two (a second sync sink would find the first one's lock on the target taken)."""
+    made = []
+
+    class SlowSink:
+        shared = merge_batches = False
+
+        def __init__(self, options, backend):
+            made.append(self)
+
+        async def start(self):
+            await asyncio.sleep(0.01)       # a connection being made
+
+        async def send(self, records):
+            pass
+
+    monkeypatch.setattr("lapidus.supervisor.dispatcher.registry.load", lambda name: SlowSink)
+    config = parse_config({
+        "state_dir": str(tmp_path),
+        "backends": [{"name": "a", "type": "postgresql", "database": "a"}],
+        "plugins": {"stdout": {}}}, source=str(tmp_path / "lapidus.toml"), env={})
+
+    async def run():
+        dispatcher = Dispatcher(config, str(tmp_path / "d.sock"), structlog.get_logger())
+        first, second = await asyncio.gather(dispatcher.pipeline_for("a"),
+                                             dispatcher.pipeline_for("a"))
+        for task in dispatcher.tasks:
+            task.cancel()
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert first is second and len(made) == 1

@@ -1,8 +1,10 @@
-"""The ``sync`` sink: replicates a backend's tables into a PostgreSQL database, exactly once.
+"""The ``sync`` sink: replicates a backend's tables into a PostgreSQL or MySQL/MariaDB database,
+exactly once.
 
 Runs in the dispatcher process.  The asyncio side only hands each delivery to one worker
-thread of its own, which does all database work with psycopg2 (blocking) so that the
-dispatcher's loop, and the other backends' pipelines, never wait on the target.
+thread of its own, which does all database work with a blocking client (psycopg2, pymysql) so
+that the dispatcher's loop, and the other backends' pipelines, never wait on the target.  What
+is the target database's own is in :mod:`.pg_target` and :mod:`.mysql_target`.
 
 Per delivery (docs/sync.md has the user's view):
 
@@ -28,20 +30,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-import psycopg2
-import psycopg2.errors
-
 from ... import logs
 from ...events import Record
 from ..base import Sink, SinkError, UndeliverableError
 from . import options as _options
 from . import state
-from .apply import Applier, Refused, decode
+from .apply import Refused
 from .order import UnorderedPosition, completes_itself, order_of
-
-# SQLSTATE classes that mean "this row, for good": data exception, integrity constraint,
-# syntax error or access rule violation (an unknown column or type), raised by a trigger
-_REFUSING = ("22", "23", "42", "P0", "2B", "44")
 
 
 class SyncSink(Sink):
@@ -52,7 +47,8 @@ class SyncSink(Sink):
         super().__init__(options, backend)
         self.config = _options.SyncOptions.parse(options)
         self.log = logs.get_logger().bind(sink="sync", backend=backend)
-        self.applier = Applier(self.config, backend, self.log)
+        self.target = _target(self.config.dsn)
+        self.applier = self.target.Applier(self.config, backend, self.log)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"sync-{backend}")
         self.conn = None
         self.cursor: Optional[state.Cursor] = None
@@ -93,28 +89,15 @@ class SyncSink(Sink):
         if self.conn is not None:
             return
         try:
-            conn = psycopg2.connect(self.config.dsn,
-                                    connect_timeout=max(1, int(self.config.connect_timeout)),
-                                    application_name=f"lapidus sync {self.backend}"[:63])
-        except psycopg2.Error as exc:
+            conn = self.target.connect(self.config, self.backend)
+        except self.target.Error as exc:
             self.last_error = _first_line(exc)
             raise SinkError(f"sync: cannot connect to the target: {self.last_error}; fix: check "
-                            f"plugins.sync.dsn and that the target PostgreSQL is up") from None
+                            f"plugins.sync.dsn and that the target {self.target.name} is "
+                            f"up") from None
         try:
-            with conn.cursor() as cur:
-                # event timestamps without a zone are UTC (docs/events.md)
-                cur.execute("SET TIME ZONE 'UTC'")
-                cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                            (f"lapidus_sync:{self.backend}",))
-                if not cur.fetchone()[0]:
-                    raise SinkError(
-                        f"sync: another session applies backend {self.backend!r} into this "
-                        f"target (advisory lock taken); fix: run one Lapidus per backend and "
-                        f"target")
-                state.ensure_tables(cur, self.config.state_schema)
-                self.cursor = state.load(cur, self.config.state_schema, self.backend)
-            conn.commit()
-        except psycopg2.Error as exc:
+            self.cursor = self.target.prepare(conn, self.config, self.backend)
+        except self.target.Error as exc:
             conn.close()
             self.last_error = _first_line(exc)
             raise SinkError(f"sync: cannot prepare the target: {self.last_error}") from None
@@ -133,7 +116,7 @@ class SyncSink(Sink):
         if self.conn is not None:
             try:
                 self.conn.close()
-            except psycopg2.Error:
+            except self.target.Error:
                 pass
         self.conn = None
         self.cursor = None     # read back from the target: a lost COMMIT may have happened
@@ -155,11 +138,11 @@ class SyncSink(Sink):
         except UnorderedPosition:
             self._rollback()
             raise
-        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        except self.target.Lost as exc:
             self.last_error = _first_line(exc)
             self._disconnect()
             raise SinkError(f"sync: lost the target: {self.last_error}; reconnecting") from None
-        except psycopg2.Error as exc:
+        except self.target.Error as exc:
             self.last_error = _first_line(exc)
             self._disconnect()
             raise SinkError(f"sync: the target failed: {self.last_error}") from None
@@ -167,14 +150,15 @@ class SyncSink(Sink):
     def _rollback(self) -> None:
         try:
             self.conn.rollback()
-        except psycopg2.Error:
+        except self.target.Error:
             self._disconnect()
 
     def _deliver(self, records: List[Record]) -> None:
         cursor = self.cursor.copy()
-        work: List[tuple] = [(r, -1) + order_of(r.position) for r in cursor.pending]
+        work: List[tuple] = [(r, -1) + order_of(r.position, r.type)
+                             for r in cursor.pending]
         for index, record in enumerate(records):
-            stream, key = order_of(record.position)
+            stream, key = order_of(record.position, record.type)
             if stream != "lsn":
                 self.applier.mysql = True
             if cursor.admits(record, stream, key):
@@ -235,8 +219,7 @@ class SyncSink(Sink):
             changed = True
         last_id = entries[-1][0].id if entries else None
         with self.conn.cursor() as cur:
-            state.save(cur, self.config.state_schema, self.backend, cursor, last_id, changed,
-                       keep=keep)
+            self.target.save(cur, self.config, self.backend, cursor, last_id, changed, keep)
         self.conn.commit()
         self.cursor = cursor.copy()
         self.applied += len(entries)
@@ -257,13 +240,13 @@ class SyncSink(Sink):
     def _apply(self, entries: List[tuple], rollback: bool = True) -> None:
         """Apply in the open transaction; a refused row is found and raised as Refused."""
         batch = [e[0] for e in entries]
-        events = [decode(r) for r in batch]
+        events = [self.applier.decode(r) for r in batch]
         indexes = [e[1] for e in entries]
         try:
             with self.conn.cursor() as cur:
                 self.applier.apply(cur, batch, events, indexes)
-        except psycopg2.Error as exc:
-            if not _refusing(exc):
+        except self.target.Error as exc:
+            if not self.target.refusing(exc):
                 raise
             self.applier.forget()
             if not rollback:
@@ -274,7 +257,7 @@ class SyncSink(Sink):
             self.conn.rollback()
             raise self._culprit(batch, events, indexes, exc) from None
 
-    def _culprit(self, batch, events, indexes, first: psycopg2.Error,
+    def _culprit(self, batch, events, indexes, first: Exception,
                  whole: bool = True) -> Refused:
         """Apply one event at a time under savepoints until the one the target refuses;
         everything is rolled back afterwards (the caller raises): the whole transaction, or
@@ -285,8 +268,8 @@ class SyncSink(Sink):
                     cur.execute("SAVEPOINT lapidus_sync_row")
                     try:
                         self.applier.apply(cur, [record], [event], [index])
-                    except psycopg2.Error as exc:
-                        if not _refusing(exc):
+                    except self.target.Error as exc:
+                        if not self.target.refusing(exc):
                             raise
                         key = json.dumps(list(record.key or ()))
                         return Refused(index, f"sync: the target refuses event {record.id} "
@@ -307,9 +290,13 @@ class SyncSink(Sink):
                        "see the target's log")
 
 
-def _refusing(exc: psycopg2.Error) -> bool:
-    code = getattr(exc, "pgcode", None) or ""
-    return code[:2] in _REFUSING
+def _target(dsn: str):
+    """The target's kind from its DSN: a ``mysql://`` or ``mariadb://`` URL, else PostgreSQL."""
+    if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
+        from .mysql_target import MysqlTarget
+        return MysqlTarget()
+    from .pg_target import PgTarget
+    return PgTarget()
 
 
 def _first_line(exc: BaseException) -> str:

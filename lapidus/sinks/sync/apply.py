@@ -21,7 +21,7 @@ import orjson
 from psycopg2 import sql
 
 from ...events import Record
-from . import ddl, tables
+from . import ddl, mysql_ddl, tables
 from .options import SyncOptions
 from .tables import TableInfo
 
@@ -65,6 +65,11 @@ def value_expr(column: tables.Column, source: str, path: str = "item") -> sql.Co
 class Applier:
     """Applies the events of one backend; keeps the target tables' descriptions."""
 
+    @staticmethod
+    def decode(record: Record) -> dict:
+        """The event's fields, for the names, keys and column sets (values stay in the JSON)."""
+        return orjson.loads(record.data)
+
     def __init__(self, options: SyncOptions, backend: str, log):
         self.options = options
         self.backend = backend
@@ -94,7 +99,7 @@ class Applier:
         target = self.target_name(record.schema, record.table)
         info = self.infos.get(target)
         if info is None:
-            info = tables.describe(cur, *target)
+            info = self.describe(cur, *target)
             if info is None:
                 info = self._create(cur, record, event, target, index)
             self.infos[target] = info
@@ -117,11 +122,23 @@ class Applier:
             columns = [(renames.get(c["name"], c["name"]), c["type"]) for c in declared]
         else:
             item = event.get("item") or event.get("pk") or {}
-            columns = [(renames.get(k, k), tables.inferred_type(v)) for k, v in item.items()]
-        tables.create(cur, target[0], target[1], columns, pk)
+            columns = [(renames.get(k, k), self.inferred_type(v)) for k, v in item.items()]
+        self.create_table(cur, target[0], target[1], columns, pk)
         self.log.info("sync: created the target table", table=label,
                       types="from a schema event" if declared else "inferred from values")
-        return tables.describe(cur, *target)
+        return self.describe(cur, *target)
+
+    # -- what a target of another kind does its own way (mysql_apply.MysqlApplier) ----------
+
+    describe = staticmethod(tables.describe)
+    inferred_type = staticmethod(tables.inferred_type)
+
+    def create_table(self, cur, schema: str, table: str, columns, pk) -> None:
+        """``columns``: (name, PostgreSQL type) pairs."""
+        tables.create(cur, schema, table, columns, pk)
+
+    def truncate(self, cur, info: TableInfo) -> None:
+        cur.execute(sql.SQL("TRUNCATE {}").format(info.ident))
 
     # -- applying ---------------------------------------------------------------------------
 
@@ -159,8 +176,7 @@ class Applier:
             self._flush(cur, run, run_shape)
             run, run_shape, run_keys = [], None, set()
             if kind == "truncate" and record.table is not None:
-                info = self.info(cur, record, event, index)
-                cur.execute(sql.SQL("TRUNCATE {}").format(info.ident))
+                self.truncate(cur, self.info(cur, record, event, index))
             elif kind == "schema":
                 self._schema(cur, record, event, index)
             elif kind == "gap":
@@ -225,12 +241,17 @@ class Applier:
     def _payload(self, records) -> str:
         return "[" + ",".join(r.data.decode("utf-8") for r in records) + "]"
 
-    def _upsert(self, cur, info: TableInfo, run: list, names: Sequence[str],
-                distinct: bool) -> None:
-        first, index = run[0][0], run[0][1]
+    @staticmethod
+    def _keyed(info: TableInfo, first: Record, index: int) -> None:
         if not info.pk:
             raise Refused(index, f"sync: the target table {info.label} has no primary key "
                                  f"(event {first.id})", f"give {info.label} a primary key")
+
+    def _upsert_columns(self, info: TableInfo, run: list, names: Sequence[str]):
+        """The (source, column) pairs of an upsert's run, and the target column names; the
+        run refused when the target has no key, or the events no value for it."""
+        first, index = run[0][0], run[0][1]
+        self._keyed(info, first, index)
         cols = self._columns(info, first, names, index)
         targets = [c.name for _, c in cols]
         missing = [k for k in info.pk if k not in targets]
@@ -238,6 +259,11 @@ class Applier:
             raise Refused(index, f"sync: the event {first.id} has no value for the key "
                                  f"column(s) {', '.join(missing)} of {info.label}",
                           "make the target's primary key the source's")
+        return cols, targets
+
+    def _upsert(self, cur, info: TableInfo, run: list, names: Sequence[str],
+                distinct: bool) -> None:
+        cols, targets = self._upsert_columns(info, run, names)
         ident = sql.SQL(", ").join(map(sql.Identifier, targets))
         values = sql.SQL(", ").join(value_expr(c, s) for s, c in cols)
         rest = [t for t in targets if t not in info.pk]
@@ -260,10 +286,7 @@ class Applier:
         cur.execute(statement, (self._payload(r for r, _, _ in run),))
 
     def _delete(self, cur, info: TableInfo, run: list, path: str, first: Record) -> None:
-        index = run[0][1]
-        if not info.pk:
-            raise Refused(index, f"sync: the target table {info.label} has no primary key "
-                                 f"(event {first.id})", f"give {info.label} a primary key")
+        self._keyed(info, first, run[0][1])
         renames = self.column_names(first.schema, first.table)
         back = {v: k for k, v in renames.items()}
         cond = sql.SQL(" AND ").join(
@@ -275,12 +298,5 @@ class Applier:
                     (self._payload(r for r, _ in run),))
 
     def _schema(self, cur, record: Record, event: dict, index: int) -> None:
-        if self.mysql:
-            self.log.info("sync: schema event of a MySQL/MariaDB source not applied (not "
-                          "supported yet)", id=record.id)
-            return
-        ddl.apply(self, cur, record, event, index)
+        (mysql_ddl if self.mysql else ddl).apply(self, cur, record, event, index)
 
-
-def decode(record: Record) -> dict:
-    return orjson.loads(record.data)

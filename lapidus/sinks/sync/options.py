@@ -65,7 +65,8 @@ def validate(options: Mapping[str, Any]) -> Problems:
     elif not isinstance(dsn, str) or not dsn.strip():
         problems.append(("dsn", 'required: the target PostgreSQL as a libpq DSN, e.g. '
                                 '"host=replica dbname=copy user=lapidus password=${SYNC_PASSWORD}"'
-                                ' or "postgresql://lapidus@replica/copy"'))
+                                ' or "postgresql://lapidus@replica/copy", or a MySQL/MariaDB '
+                                'target as "mysql://lapidus:${SYNC_PASSWORD}@replica:3306/copy"'))
     for key in ("schema", "state_schema"):
         value = options.get(key)
         if value is not None and (not isinstance(value, str) or not value):

@@ -11,6 +11,13 @@ sequence of *groups* (a transaction, or a chunk of ``read`` rows) whose keys onl
   cursor.
 * ``key``: an integer that grows with the stream (LSN as a number, the GTID's sequence number,
   file number * 2**40 + offset).
+
+A MySQL/MariaDB snapshot chunk has no position of its own: its rows carry the stream's
+position where they were emitted, which is the GTID of the transaction committed just before
+(or, without GTIDs, ``file:pos`` where the next transaction starts).  So MySQL keys are
+doubled and a chunk slots in between: a transaction's key is ``2k``, a chunk after GTID ``k``
+``2k + 1``, a chunk at ``file:pos`` just before the transaction starting there ``2k - 1``.
+A PostgreSQL chunk has its watermark's own LSN and needs none of this.
 """
 
 from __future__ import annotations
@@ -30,23 +37,27 @@ class UnorderedPosition(SinkError):
     """A position the sync sink cannot order (a MongoDB resume token, say)."""
 
 
-def order_of(position: str) -> Tuple[str, int]:
-    """``(stream, key)`` of a source position; raises :class:`UnorderedPosition`."""
+def order_of(position: str, kind: str = "insert") -> Tuple[str, int]:
+    """``(stream, key)`` of the position of an event of type ``kind``; raises
+    :class:`UnorderedPosition`."""
     m = _LSN.match(position)
     if m:
         return "lsn", (int(m.group(1), 16) << 32) | int(m.group(2), 16)
+    chunk = kind == "read"
     m = _MARIADB.match(position)
     if m:
-        return f"gtid:{m.group(1)}", int(m.group(3))
+        return f"gtid:{m.group(1)}", 2 * int(m.group(3)) + chunk
     m = _MYSQL.match(position)
     if m:
-        return f"uuid:{m.group(1).lower()}", int(m.group(2))
+        return f"uuid:{m.group(1).lower()}", 2 * int(m.group(2)) + chunk
     m = _FILEPOS.match(position)
     if m:
-        return f"binlog:{m.group(1)}", (int(m.group(2)) << 40) | int(m.group(3))
+        return (f"binlog:{m.group(1)}",
+                2 * ((int(m.group(2)) << 40) | int(m.group(3))) - chunk)
     raise UnorderedPosition(
         f"sync: the position {position[:60]!r} cannot be ordered, so exactly-once apply is "
-        f"impossible; fix: the sync sink takes PostgreSQL and MySQL/MariaDB backends only")
+        f"impossible; fix: the sync sink takes PostgreSQL and MySQL/MariaDB backends only (a "
+        f"MariaDB GTID position of several domains is not ordered either)")
 
 
 def completes_itself(kind: str, data: bytes) -> bool:
