@@ -25,7 +25,8 @@ Problems = List[Tuple[str, str]]
 class Option:
     """One declared option.  ``kind``: str | file (a path, checked by :func:`file_problem`)
     | bool | number (seconds, > 0) | count (int >= 1) | choice (one of ``choices``) |
-    headers (a table of header names to strings)."""
+    headers (a table of header names to strings) | strings (a list of strings) | custom
+    (any value: the plugin's validator checks it)."""
 
     kind: str
     default: Any
@@ -70,6 +71,12 @@ def type_problem(option: Option, value: Any) -> Optional[str]:
             if not name or any(ch in name for ch in " :\t\r\n") or "\r" in text or "\n" in text:
                 return (f'header "{name}" is not valid: a name without spaces or ":", a value '
                         f"without line breaks")
+        return None
+    if kind == "strings":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return None
+        return f"expected a list of strings, got {describe(value)}"
+    if kind == "custom":
         return None
     raise AssertionError(kind)
 
