@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
-from ... import logs
 from ...events import Record
 from ..base import Sink, SinkError
 from ..subjects import SubjectBuilder
@@ -37,7 +36,6 @@ class WebsocketSink(Sink):
     def __init__(self, options: Mapping[str, Any], backend: str):
         super().__init__(options, backend)
         self.settings = WebsocketOptions.parse(options)
-        self.log = logs.get_logger(backend=backend, sink="websocket")
         self.subjects = SubjectBuilder(backend)
         self.hub: Optional["Hub"] = None
         self._start_error: Optional[str] = None
@@ -55,7 +53,7 @@ class WebsocketSink(Sink):
                 self._start_error = (f"websocket sink cannot start: {exc}. Fix: pip install "
                                      f"'lapidus[websocket]' into Lapidus's environment")
                 raise SinkError(self._start_error) from None
-            self.hub = hub_for(self.settings, self.backend, self.log)
+            self.hub = hub_for(self.settings, self.backend)
         await self.hub.start()
 
     async def send(self, records: Sequence[Record]) -> None:

@@ -68,13 +68,13 @@ class Client:
         return (not self.closed and not connection.paused
                 and connection.protocol.state is State.OPEN)
 
-    def write(self, data: bytes, count: int) -> None:
+    def write(self, data: bytes, count: int, backend: str = "") -> None:
         """Frames already encoded (:func:`.replay.text_frame`) straight to the socket: the
         same bytes for every client, and one write per client and batch."""
         if data:
             self.connection.transport.write(data)
             self.frames += count
-            self.hub.sent(count)
+            self.hub.sent(backend, count)
 
     def catch_up(self) -> None:
         """Write what this client has not had yet from the replay buffers, while its socket
@@ -89,7 +89,7 @@ class Client:
                                   f"({buffer.max_events} events)")
                     return
                 end = min(buffer.head, cursor + CHUNK)
-                self.write(*self.subscription.frames(buffer.entries(cursor, end)))
+                self.write(*self.subscription.frames(buffer.entries(cursor, end)), backend)
                 cursor = end
             self.cursors[backend] = cursor
             if backend in self.catching_up and buffer.head - cursor <= self.hub.max_lag:

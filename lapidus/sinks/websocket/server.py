@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from ... import logs
 from ..base import SinkError
 from .clients import Client, Subscription
 from .options import Grant, WebsocketOptions
@@ -55,12 +56,12 @@ class Refused(Exception):
         self.reason = reason
 
 
-def hub_for(settings: WebsocketOptions, backend: str, log) -> "Hub":
+def hub_for(settings: WebsocketOptions, backend: str) -> "Hub":
     """The hub of ``settings``' address, made on first use; ``backend`` attached to it."""
     key = (settings.host, settings.port)
     hub = _HUBS.get(key)
     if hub is None:
-        hub = _HUBS[key] = Hub(settings, log)
+        hub = _HUBS[key] = Hub(settings, logs.get_logger(sink="websocket"))
     elif hub.settings != settings:
         other = ", ".join(sorted(hub.buffers))
         raise SinkError(f"websocket sink of backend {backend}: {settings.listen} is already "
@@ -85,7 +86,7 @@ class Hub:
         self.server = None
         self.start_error: Optional[str] = None
         self.down_since: Optional[float] = time.monotonic()
-        self.frames_sent = 0
+        self.frames_sent: Dict[str, int] = {}     # backend -> event frames written
         self.slow_closed = 0
         self.refused = 0
         self.repeats_skipped: Dict[str, int] = {}
@@ -136,7 +137,9 @@ class Hub:
                                + _bind_fix(exc)) from None
         self.down_since = None
         self.start_error = None
-        self.log.info("websocket listener ready", url=settings.url,
+        port = next(iter(self.server.sockets)).getsockname()[1]
+        self.log.info("websocket listener ready", url=settings.url.replace(
+                          f":{settings.port}/", f":{port}/", 1),
                       backends=sorted(self.buffers), tokens=len(settings.grants))
 
     def _failed(self, message: str) -> SinkError:
@@ -322,7 +325,7 @@ class Hub:
                 frames = matched.get(key)
                 if frames is None:
                     frames = matched[key] = client.subscription.frames(entries)
-                client.write(*frames)
+                client.write(*frames, backend)
                 client.cursors[backend] = end
             else:
                 behind.append(client)
@@ -331,8 +334,8 @@ class Hub:
             client.check_lag(backend, buffer)
             client.wake.set()
 
-    def sent(self, count: int) -> None:
-        self.frames_sent += count
+    def sent(self, backend: str, count: int) -> None:
+        self.frames_sent[backend] = self.frames_sent.get(backend, 0) + count
 
     def dropped(self, client: Client, why: str) -> None:
         self.slow_closed += 1
@@ -346,7 +349,7 @@ class Hub:
                 "down_seconds": None if since is None or self.server is not None
                 else round(time.monotonic() - since, 1),
                 "server": self.settings.url, "last_error": self.start_error,
-                "clients": len(self.clients), "frames_sent": self.frames_sent,
+                "clients": len(self.clients), "frames_sent": self.frames_sent.get(backend, 0),
                 "slow_clients_closed": self.slow_closed, "refused": self.refused,
                 "replay_events": len(buffer), "replay_bytes": buffer.bytes,
                 "repeats_skipped": self.repeats_skipped.get(backend, 0)}
