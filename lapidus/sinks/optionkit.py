@@ -109,6 +109,23 @@ def with_defaults(values: Mapping[str, Any], declared: Mapping[str, Option]) -> 
     return out
 
 
+def parsed_values(options: Mapping[str, Any], declared: Mapping[str, Option], validate: Any,
+                  plugin: str, seconds: Sequence[str] = ()) -> Dict[str, Any]:
+    """Options as written -> every declared option's value, defaults applied (``seconds`` as
+    floats), for a plugin's typed options; ValueError listing the problems.  ``validate`` is
+    the plugin's, called with ``need_client=False``: a missing extra is reported by the sink
+    itself when it starts."""
+    problems = validate(options, need_client=False)
+    if problems:
+        raise ValueError(f"invalid {plugin} plugin options: " + "; ".join(
+            f"{key}: {message}" if key else message for key, message in problems))
+    values, _ = check(options, declared, plugin)
+    values = with_defaults(values, declared)
+    for key in seconds:
+        values[key] = float(values[key])
+    return values
+
+
 def url_problem(url: str, schemes: Sequence[str], example: str) -> Optional[str]:
     """What is wrong with a server URL, without echoing it (it may hold a password)."""
     if "://" not in url:

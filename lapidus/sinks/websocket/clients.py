@@ -35,8 +35,9 @@ POLICY_VIOLATION = 1008
 
 
 class Subscription:
-    """What a group of clients receives: the subjects asked for, within the token's grant.
-    Clients with the same one share the work of matching (once per event, not per client)."""
+    """What a client receives: the subjects asked for, within the token's grant.  Clients
+    whose ``key`` is the same share the work of matching (once per event and batch, not per
+    client: :meth:`Hub.publish <.server.Hub.publish>`)."""
 
     def __init__(self, key: Tuple, matches: Callable[[str], bool]):
         self.key = key
@@ -131,7 +132,7 @@ class Client:
         self.closed = True
         self.hub.dropped(self, why)
         reason = f"too slow: {why}; reconnect with after=<last id>"
-        asyncio.ensure_future(self.connection.close(POLICY_VIOLATION, reason[:120]))
+        self.hub.spawn(self.connection.close(POLICY_VIOLATION, reason[:120]))
         self.wake.set()
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...settings.kinds import _listen_hint, split_listen
-from ..optionkit import Option, Problems, check, file_problem, missing_extra, with_defaults
+from ..optionkit import Option, Problems, check, file_problem, missing_extra, parsed_values
 from .patterns import pattern_problem
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -75,17 +75,11 @@ class WebsocketOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "WebsocketOptions":
-        problems = validate(options, need_client=False)
-        if problems:
-            raise ValueError("invalid websocket plugin options: " + "; ".join(
-                f"{key}: {message}" if key else message for key, message in problems))
-        values, _ = check(options, OPTIONS, "websocket")
-        values = with_defaults(values, OPTIONS)
+        values = parsed_values(options, OPTIONS, validate, "websocket",
+                               seconds=("ping_interval", "ping_timeout"))
         host, port = split_listen(values.pop("listen"))
         grants = tuple(_grant(item) for item in values.pop("tokens"))
         origins = values.pop("origins")
-        for key in ("ping_interval", "ping_timeout"):
-            values[key] = float(values[key])
         return cls(host=host, port=port, grants=grants,
                    origins=None if origins is None else tuple(origins),
                    listen=options.get("listen") or DEFAULT_LISTEN, **values)

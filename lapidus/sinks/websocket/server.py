@@ -80,7 +80,6 @@ class Hub:
         self.buffers: Dict[str, ReplayBuffer] = {}
         self.attached: List[str] = []
         self.clients: List[Client] = []
-        self.subscriptions: Dict[Tuple, Subscription] = {}
         self.pending: "weakref.WeakKeyDictionary[Any, Tuple[Subscription, Dict]]" = \
             weakref.WeakKeyDictionary()
         self.server = None
@@ -224,10 +223,7 @@ class Hub:
                                    f"last id received of each backend once")
             after[backend] = event_id
         key = (requested, grant.subjects if grant else None)
-        subscription = self.subscriptions.get(key)
-        if subscription is None:
-            subscription = self.subscriptions[key] = Subscription(key, both(*key))
-        return subscription, after
+        return Subscription(key, both(*key)), after
 
     def _grant(self, request, query) -> Optional[Grant]:
         grants = self.settings.grants
@@ -336,6 +332,12 @@ class Hub:
 
     def sent(self, backend: str, count: int) -> None:
         self.frames_sent[backend] = self.frames_sent.get(backend, 0) + count
+
+    def spawn(self, coroutine) -> None:
+        """Run ``coroutine`` in the background, holding on to its task until it ends."""
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def dropped(self, client: Client, why: str) -> None:
         self.slow_closed += 1
