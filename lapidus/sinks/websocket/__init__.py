@@ -3,7 +3,8 @@
 Runs in the dispatcher process, inside its asyncio loop; one instance per backend, attached to
 one listener per address (:mod:`.server`), which several backends may share.  Contract
 (lapidus.sinks.base.Sink): :meth:`WebsocketSink.send` returns as soon as the batch is in the
-backend's replay window (:mod:`.replay`) and written to every caught-up client's socket buffer.
+backend's replay window (:mod:`.replay`); the hub writes it to the caught-up clients at once or,
+under load, within a few milliseconds (:meth:`.server.Hub.added`).
 It never waits for a client: the backend's position does not depend on websocket clients, a
 slow client is closed (1008) rather than obeyed, and the window lives in the dispatcher's
 memory.  This is live delivery with a replay window, not a durable queue (durable consumers
@@ -62,7 +63,6 @@ class WebsocketSink(Sink):
             await self.start()
             hub = self.hub
         buffer = hub.buffers[self.backend]
-        start = buffer.head
         subject = self.subjects.subject
         add = buffer.add
         repeats = 0
@@ -71,7 +71,7 @@ class WebsocketSink(Sink):
                 repeats += 1
         if repeats:
             hub.repeats_skipped[self.backend] += repeats
-        hub.publish(self.backend, start)
+        hub.added()
 
     def health(self) -> Optional[Dict[str, Any]]:
         if self.hub is None:
