@@ -229,3 +229,35 @@ def test_the_sink_figures_are_exported_as_metrics():
                  f"lapidus_websocket_replay_events{labels} 40",
                  f"lapidus_sink_up{labels} 1"):
         assert line in text.splitlines()
+
+
+def test_max_clients_and_a_client_that_never_answers_pings():
+    import base64
+    import os
+
+    async def scenario():
+        sink = WebsocketSink({"listen": "127.0.0.1:0", "max_clients": 1, "ping_interval": 0.2,
+                              "ping_timeout": 0.2}, "pg")
+        await sink.start()
+        port = next(iter(sink.hub.server.sockets)).getsockname()[1]
+        try:
+            # a raw client: it completes the handshake, then never reads or answers a ping
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            key = base64.b64encode(os.urandom(16)).decode()
+            writer.write(f"GET /events HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                         f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+            with pytest.raises(InvalidStatus) as full:
+                async with connect(f"ws://127.0.0.1:{port}/events"):
+                    pass
+            assert full.value.response.status_code == 503
+            assert b"max_clients" in full.value.response.body
+            # the server pings, gets no pong, and closes: the stream ends with a close frame
+            rest = await asyncio.wait_for(reader.read(), 10)
+            close = rest[rest.rindex(b"\x88"):]
+            assert int.from_bytes(close[2:4], "big") == 1011      # keepalive ping timeout
+            writer.close()
+        finally:
+            await sink.close()
+    asyncio.run(scenario())
