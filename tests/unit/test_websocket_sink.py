@@ -261,3 +261,65 @@ def test_max_clients_and_a_client_that_never_answers_pings():
         finally:
             await sink.close()
     asyncio.run(scenario())
+
+
+def test_wss_with_the_configured_certificate(tmp_path):
+    import ssl
+
+    from tests.integration.tls_fixtures import make_pki
+
+    pki = make_pki(tmp_path)
+
+    async def scenario():
+        sink = WebsocketSink({"listen": "127.0.0.1:0", "tls_cert_file": str(pki.server_cert),
+                              "tls_key_file": str(pki.server_key)}, "pg")
+        await sink.start()
+        port = next(iter(sink.hub.server.sockets)).getsockname()[1]
+        trusted = ssl.create_default_context(cafile=str(pki.ca))
+        try:
+            assert sink.health()["server"].startswith("wss://")
+            async with connect(f"wss://127.0.0.1:{port}/events", ssl=trusted) as ws:
+                await sink.send([record(1)])
+                assert json.loads(await ws.recv())["id"] == "pg:0/1:0"
+            with pytest.raises(ssl.SSLCertVerificationError):
+                async with connect(f"wss://127.0.0.1:{port}/events",
+                                   ssl=ssl.create_default_context(cafile=str(pki.wrong_ca))):
+                    pass
+        finally:
+            await sink.close()
+    asyncio.run(scenario())
+
+
+def test_a_certificate_that_does_not_load_is_one_clear_error(tmp_path):
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    (tmp_path / "key.pem").write_text("not a key")
+
+    async def scenario():
+        sink = WebsocketSink({"listen": "127.0.0.1:0", "tls_cert_file": str(tmp_path / "cert.pem"),
+                              "tls_key_file": str(tmp_path / "key.pem")}, "pg")
+        try:
+            with pytest.raises(Exception) as failed:
+                await sink.start()
+            assert "cannot load tls_cert_file / tls_key_file" in str(failed.value)
+            assert sink.health()["connected"] is False
+            assert "tls_cert_file" in sink.health()["last_error"]
+        finally:
+            await sink.close()
+    asyncio.run(scenario())
+
+
+def test_a_port_in_use_is_one_clear_error():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def scenario():
+            sink = WebsocketSink({"listen": f"127.0.0.1:{port}"}, "pg")
+            with pytest.raises(Exception) as failed:
+                await sink.start()
+            assert f"cannot listen on 127.0.0.1:{port}" in str(failed.value)
+            assert "choose another listen port" in str(failed.value)
+        asyncio.run(scenario())

@@ -55,7 +55,13 @@ class WebsocketSink(Sink):
                                      f"'lapidus[websocket]' into Lapidus's environment")
                 raise SinkError(self._start_error) from None
             self.hub = hub_for(self.settings, self.backend)
-        await self.hub.start()
+        try:
+            await self.hub.start()
+        except Exception as exc:
+            # let go of the listener: the dispatcher makes a new sink for its next attempt
+            self._start_error = str(exc)
+            await self.close()
+            raise
 
     async def send(self, records: Sequence[Record]) -> None:
         hub = self.hub
