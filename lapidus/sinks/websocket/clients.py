@@ -74,8 +74,9 @@ class Client:
         same bytes for every client, and one write per client and batch."""
         if data:
             self.connection.transport.write(data)
-            self.frames += count
-            self.hub.sent(backend, count)
+            if count:
+                self.frames += count
+                self.hub.sent(backend, count)
 
     def catch_up(self) -> None:
         """Write what this client has not had yet from the replay buffers, while its socket
