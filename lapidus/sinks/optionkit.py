@@ -25,7 +25,8 @@ Problems = List[Tuple[str, str]]
 class Option:
     """One declared option.  ``kind``: str | file (a path, checked by :func:`file_problem`)
     | bool | number (seconds, > 0) | count (int >= 1) | choice (one of ``choices``) |
-    headers (a table of header names to strings)."""
+    headers (a table of header names to strings) | strings (a list of strings) | custom
+    (any value: the plugin's validator checks it)."""
 
     kind: str
     default: Any
@@ -71,6 +72,12 @@ def type_problem(option: Option, value: Any) -> Optional[str]:
                 return (f'header "{name}" is not valid: a name without spaces or ":", a value '
                         f"without line breaks")
         return None
+    if kind == "strings":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return None
+        return f"expected a list of strings, got {describe(value)}"
+    if kind == "custom":
+        return None
     raise AssertionError(kind)
 
 
@@ -100,6 +107,23 @@ def with_defaults(values: Mapping[str, Any], declared: Mapping[str, Option]) -> 
     out = {key: option.default for key, option in declared.items()}
     out.update(values)
     return out
+
+
+def parsed_values(options: Mapping[str, Any], declared: Mapping[str, Option], validate: Any,
+                  plugin: str, seconds: Sequence[str] = ()) -> Dict[str, Any]:
+    """Options as written -> every declared option's value, defaults applied (``seconds`` as
+    floats), for a plugin's typed options; ValueError listing the problems.  ``validate`` is
+    the plugin's, called with ``need_client=False``: a missing extra is reported by the sink
+    itself when it starts."""
+    problems = validate(options, need_client=False)
+    if problems:
+        raise ValueError(f"invalid {plugin} plugin options: " + "; ".join(
+            f"{key}: {message}" if key else message for key, message in problems))
+    values, _ = check(options, declared, plugin)
+    values = with_defaults(values, declared)
+    for key in seconds:
+        values[key] = float(values[key])
+    return values
 
 
 def url_problem(url: str, schemes: Sequence[str], example: str) -> Optional[str]:

@@ -21,7 +21,8 @@ BUILTIN = {"stdout": "lapidus.sinks.stdout:StdoutSink",
            "rabbitmq": "lapidus.sinks.rabbitmq:RabbitmqSink",
            "webhook": "lapidus.sinks.webhook:WebhookSink",
            "mqtt": "lapidus.sinks.mqtt:MqttSink",
-           "sync": "lapidus.sinks.sync:SyncSink"}
+           "sync": "lapidus.sinks.sync:SyncSink",
+           "websocket": "lapidus.sinks.websocket:WebsocketSink"}
 
 
 def available() -> Dict[str, str]:

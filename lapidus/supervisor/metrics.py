@@ -62,6 +62,18 @@ def _snapshot_metrics(f: Dict[str, "Family"], name: str, snapshot) -> None:
                                                   backend=name)
 
 
+def _websocket_metrics(f: Dict[str, "Family"], name: str, sink: str, state: dict) -> None:
+    """The websocket sink's figures (docs/sinks.md#websocket), from its health()."""
+    if "frames_sent" not in state:
+        return
+    for metric, key in (("lapidus_websocket_clients", "clients"),
+                        ("lapidus_websocket_frames_total", "frames_sent"),
+                        ("lapidus_websocket_slow_clients_total", "slow_clients_closed"),
+                        ("lapidus_websocket_refused_total", "refused"),
+                        ("lapidus_websocket_replay_events", "replay_events")):
+        f[metric].add(state.get(key) or 0, backend=name, sink=sink)
+
+
 def render(status: dict) -> str:
     """``status`` is :meth:`Arbiter.status`; returns the whole /metrics body."""
     f: Dict[str, Family] = {name: Family(name, kind, text) for name, kind, text in (
@@ -103,6 +115,16 @@ def render(status: dict) -> str:
          "The server's row estimate of the table the snapshot reads (PostgreSQL: "
          "pg_class.reltuples)."),
         ("lapidus_snapshot_rows_per_second", "gauge", "The snapshot's rate since it (re)started."),
+        ("lapidus_websocket_clients", "gauge",
+         "Clients connected to the websocket sink's listener."),
+        ("lapidus_websocket_frames_total", "counter",
+         "Event frames the websocket sink wrote to its clients."),
+        ("lapidus_websocket_slow_clients_total", "counter",
+         "Websocket clients closed (1008) for falling behind."),
+        ("lapidus_websocket_refused_total", "counter",
+         "Websocket connections refused at the handshake (token, origin, query, max_clients)."),
+        ("lapidus_websocket_replay_events", "gauge",
+         "Events in the backend's websocket replay window."),
     )}
     for b in status.get("backends", []):
         name = b["name"]
@@ -136,6 +158,7 @@ def render(status: dict) -> str:
             f["lapidus_sink_down_seconds"].add(
                 0 if state["connected"] else (state.get("down_seconds") or 0),
                 backend=name, sink=sink)
+            _websocket_metrics(f, name, sink, state)
     dispatcher = status.get("dispatcher") or {}
     for backend, sinks in (dispatcher.get("sink_failing") or {}).items():
         for sink in sinks:

@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 from urllib.parse import unquote, urlsplit
 
 from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
-                         url_problem as common_url_problem, with_defaults)
+                         parsed_values, url_problem as common_url_problem)
 from .topics import check_prefix
 
 SCHEMES = {"mqtt": 1883, "mqtts": 8883}
@@ -52,14 +52,8 @@ class MqttOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "MqttOptions":
-        problems = validate(options, need_client=False)
-        if problems:
-            raise ValueError("invalid mqtt plugin options: " + "; ".join(
-                f"{key}: {message}" if key else message for key, message in problems))
-        values, _ = check(options, OPTIONS, "mqtt")
-        values = with_defaults(values, OPTIONS)
-        values["connect_timeout"] = float(values["connect_timeout"])
-        return cls(**values)
+        return cls(**parsed_values(options, OPTIONS, validate, "mqtt",
+                                   seconds=("connect_timeout",)))
 
     @property
     def tls(self) -> bool:

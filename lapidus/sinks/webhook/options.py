@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from ..optionkit import (Option, Problems, check, file_problem, missing_extra,
-                         url_problem as common_url_problem, with_defaults)
+                         parsed_values, url_problem as common_url_problem)
 
 SCHEMES = ("http", "https")
 
@@ -48,14 +48,8 @@ class WebhookOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "WebhookOptions":
-        problems = validate(options, need_client=False)
-        if problems:
-            raise ValueError("invalid webhook plugin options: " + "; ".join(
-                f"{key}: {message}" if key else message for key, message in problems))
-        values, _ = check(options, OPTIONS, "webhook")
-        values = with_defaults(values, OPTIONS)
-        for key in ("timeout", "connect_timeout", "retry_max"):
-            values[key] = float(values[key])
+        values = parsed_values(options, OPTIONS, validate, "webhook",
+                               seconds=("timeout", "connect_timeout", "retry_max"))
         values["headers"] = dict(values["headers"])
         return cls(**values)
 
