@@ -1,7 +1,7 @@
 """Drain a PostgreSQL backlog into the webhook and mqtt sinks, beside bare client loops.
 
     .venv/bin/python bench/sinks_http_mqtt.py [--rows 200000] [--sinks webhook,mqtt]
-                                              [--batch-size 100]
+                                              [--batch-size 100] [--runs 1]
 
 One run per sink.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
 4-column table; then start ``lapidus -c CONFIG`` with only that sink and time until the
@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,15 +143,17 @@ def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
 def serve_webhook(port: int) -> None:
     """The receiver process: 200 to every POST, counts events, ``GET /stats``."""
     from aiohttp import web
-    stats = {"events": 0, "first": None, "last": None}
+    stats = {"events": 0, "requests": 0, "bytes": 0, "first": None, "last": None}
 
     async def take(request):
-        await request.read()
+        body = await request.read()
         count = int(request.headers.get("Lapidus-Events", "0"))
         now = time.time()
         if stats["first"] is None:
             stats["first"] = now
         stats["events"] += count
+        stats["requests"] += 1
+        stats["bytes"] += len(body)
         stats["last"] = now
         return web.Response(status=200)
 
@@ -158,7 +161,7 @@ def serve_webhook(port: int) -> None:
         return web.json_response(stats)
 
     async def reset(request):
-        stats.update(events=0, first=None, last=None)
+        stats.update(events=0, requests=0, bytes=0, first=None, last=None)
         return web.json_response(stats)
 
     app = web.Application(client_max_size=64 << 20)
@@ -200,27 +203,46 @@ async def bare_webhook(url: str, events: list, batch_size: int) -> None:
                 assert answer.status == 200
 
 
-def bench_webhook(rows: int, batch_size: int, events: list) -> dict:
+def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
+    """``runs`` rounds of the bare loop then Lapidus, against one receiver process; lists of
+    each round's figures.  The receiver's request and byte counts show both sides sent the
+    same requests."""
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-webhook", str(port)])
+    out: dict = {key: [] for key in ("bare", "bare_wall", "lapidus", "from_start",
+                                     "bare_requests", "lapidus_requests", "bare_bytes",
+                                     "lapidus_bytes")}
     try:
         wait_port(port)
         url = f"http://127.0.0.1:{port}/hook"
-        started = time.perf_counter()
-        asyncio.run(bare_webhook(url, events, batch_size))
-        bare_wall = time.perf_counter() - started
-        stats = webhook_stats(port)
-        bare = rows / (stats["last"] - stats["first"])
-        webhook_reset(port)
-        make_backlog(rows)
-        with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
-            wall = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
-                                                       "batch_size": batch_size}},
-                               lambda: webhook_stats(port)["events"] >= rows, rows)
-        stats = webhook_stats(port)
-        lapidus = rows / (stats["last"] - stats["first"])
-        return {"bare": bare, "bare_wall": rows / bare_wall, "lapidus": lapidus,
-                "from_start": rows / wall}
+        for _ in range(runs):
+            webhook_reset(port)
+            started = time.perf_counter()
+            asyncio.run(bare_webhook(url, events, batch_size))
+            out["bare_wall"].append(rows / (time.perf_counter() - started))
+            stats = webhook_stats(port)
+            out["bare"].append(rows / (stats["last"] - stats["first"]))
+            out["bare_requests"].append(stats["requests"])
+            out["bare_bytes"].append(stats["bytes"])
+            webhook_reset(port)
+            make_backlog(rows)
+            with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
+                # polled every 0.1 s: each poll is a request to the receiver too
+                wall = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
+                                                           "batch_size": batch_size}},
+                                   lambda: time.sleep(0.1) or
+                                   webhook_stats(port)["events"] >= rows, rows)
+            stats = webhook_stats(port)
+            out["lapidus"].append(rows / (stats["last"] - stats["first"]))
+            out["from_start"].append(rows / wall)
+            out["lapidus_requests"].append(stats["requests"])
+            out["lapidus_bytes"].append(stats["bytes"])
+            print(f"  run {len(out['bare'])}: bare {out['bare'][-1]:,.0f}, lapidus "
+                  f"{out['lapidus'][-1]:,.0f} events/s, ratio "
+                  f"{out['lapidus'][-1] / out['bare'][-1]:.2f}; requests "
+                  f"{out['bare_requests'][-1]} / {out['lapidus_requests'][-1]}, body bytes "
+                  f"{out['bare_bytes'][-1]:,} / {out['lapidus_bytes'][-1]:,}", flush=True)
+        return out
     finally:
         server.terminate()
         server.wait(10)
@@ -348,26 +370,39 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--sinks", default="webhook,mqtt")
     parser.add_argument("--batch-size", type=int, default=100, help="webhook batch_size")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="rounds of bare loop then Lapidus; medians are reported")
     args = parser.parse_args()
     events = sample_events(args.rows)
     size = sum(len(data) for _, _, data in events) / len(events)
-    print(f"{args.rows:,} events of {size:.0f} bytes of JSON each, one run per sink")
+    print(f"{args.rows:,} events of {size:.0f} bytes of JSON each, {args.runs} run(s) per sink")
     try:
         for sink in args.sinks.split(","):
             if sink == "webhook":
-                r = bench_webhook(args.rows, args.batch_size, events)
                 label = f"webhook (batch_size {args.batch_size})"
+                print(f"{label}:", flush=True)
+                r = bench_webhook(args.rows, args.batch_size, events, args.runs)
             elif sink == "mqtt":
-                r = bench_mqtt(args.rows, events)
                 label = "mqtt (QoS 1, MQTT 5)"
+                print(f"{label}:", flush=True)
+                r = {}
+                for _ in range(args.runs):
+                    for key, value in bench_mqtt(args.rows, events).items():
+                        r.setdefault(key, []).append(value)
+                    print(f"  run {len(r['bare'])}: bare {r['bare'][-1]:,.0f}, lapidus "
+                          f"{r['lapidus'][-1]:,.0f} events/s, ratio "
+                          f"{r['lapidus'][-1] / r['bare'][-1]:.2f}", flush=True)
             else:
                 raise SystemExit(f"unknown sink {sink!r}")
-            print(f"{label}:")
-            print(f"  bare client loop : {r['bare']:,.0f} events/s at the receiver "
-                  f"({r['bare_wall']:,.0f} events/s wall)")
-            print(f"  lapidus          : {r['lapidus']:,.0f} events/s at the receiver "
-                  f"({r['from_start']:,.0f} events/s from lapidus's start)")
-            print(f"  ratio lapidus / bare loop: {r['lapidus'] / r['bare']:.2f}")
+            median = statistics.median
+            ratios = [lap / bare for lap, bare in zip(r["lapidus"], r["bare"])]
+            print(f"  median of {args.runs}:")
+            print(f"  bare client loop : {median(r['bare']):,.0f} events/s at the receiver "
+                  f"({median(r['bare_wall']):,.0f} events/s wall)")
+            print(f"  lapidus          : {median(r['lapidus']):,.0f} events/s at the receiver "
+                  f"({median(r['from_start']):,.0f} events/s from lapidus's start)")
+            print(f"  ratio lapidus / bare loop, median of the runs' ratios: "
+                  f"{median(ratios):.2f} (runs: {', '.join(f'{x:.2f}' for x in ratios)})")
     finally:
         drop_database()
 
