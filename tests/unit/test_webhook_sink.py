@@ -84,6 +84,19 @@ def test_each_status_has_its_verdict(status, kind):
     assert answers.judge(status, "X").kind == kind
 
 
+def test_an_unverified_certificate_is_a_settings_error_other_failures_are_retried():
+    import ssl
+    untrusted = answers.transport_failure(ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed "
+           "certificate in certificate chain"), 30.0)
+    assert untrusted.kind == answers.UNTRUSTED and "tls_ca_file" in untrusted.fix
+    assert "certificate verify failed" in untrusted.reason
+    refused = answers.transport_failure(ConnectionRefusedError(111, "Connection refused"), 30)
+    assert refused.kind == answers.RETRY and refused.fix == ""
+    timeout = answers.transport_failure(asyncio.TimeoutError(), 30.0)
+    assert timeout.kind == answers.RETRY and "30 s" in timeout.reason
+
+
 def test_retry_after_in_seconds_or_as_a_date():
     assert answers.retry_after("7") == 7.0
     assert answers.retry_after("999999") == answers.RETRY_AFTER_MAX

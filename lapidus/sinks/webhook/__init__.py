@@ -8,8 +8,9 @@ each key's changes in commit order) and returns once every one was answered 2xx.
 
 While the server is down, slow, or answers 429/5xx, ``send`` retries the same request for ever
 (backoff up to ``retry_max``, or the server's ``Retry-After``): the backend's position stays
-where it is and nothing is dropped; :meth:`health` says since when it is down.  401/403 and 3xx
-are settings errors: one clear error, then the same waiting (see :mod:`.answers`).
+where it is and nothing is dropped; :meth:`health` says since when it is down.  401/403, 3xx
+and a certificate that does not verify are settings errors: one clear error, then the same
+waiting (see :mod:`.answers`).
 
 Another 4xx refuses an event for good.  A request of several events is then sent again one
 event per request, in order, until the refused one is found: the events before it are
@@ -95,7 +96,7 @@ class WebhookSink(Sink):
                 for index in range(request.first, request.first + request.count):
                     await self._deliver(self.requests.one([records[index]], index), records)
                 return
-            if verdict.kind == answers.SETTINGS:
+            if verdict.kind in (answers.SETTINGS, answers.UNTRUSTED):
                 delay = max(SETTINGS_RETRY, verdict.retry_after or 0.0)
             else:
                 if backoff is None:
@@ -136,6 +137,9 @@ class WebhookSink(Sink):
             if verdict.kind == answers.SETTINGS:
                 self.log.error("the webhook refuses the sink's settings; the backend waits, "
                                "no event is dropped", **fields)
+            elif verdict.kind == answers.UNTRUSTED:
+                self.log.error("the webhook's TLS certificate is not trusted; the backend "
+                               "waits, no event is dropped", **fields)
             else:
                 self.log.warning("webhook unavailable; retrying the same request, no event "
                                  "is dropped", **fields)
