@@ -61,8 +61,9 @@ def test_pg_and_mariadb_rows_arrive_once_in_commit_order(lapidus_factory, pg_db,
     sub = subscribe(mosquitto.port, "it/#")
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     mariadb_table(sql)
+    # a short ack_timeout: a broker that confirms as it should never trips it
     proc = start(lapidus_factory, [pg_backend(pg_db), lapidus_backend("crm")],
-                 {"url": mosquitto.url, "topic_prefix": "it"})
+                 {"url": mosquitto.url, "topic_prefix": "it", "ack_timeout": 5})
     loads = [pg_load(pg_db.name), mariadb_load()]
     for load in loads:
         finish(load)
@@ -86,6 +87,7 @@ def test_pg_and_mariadb_rows_arrive_once_in_commit_order(lapidus_factory, pg_db,
     assert health["pg"]["connected"] and health["crm"]["connected"]
     assert health["pg"]["protocol"] == "5"
     assert "Traceback" not in proc.log()
+    assert "no PUBACK" not in proc.log() and "disconnected" not in proc.log()
 
 
 def test_awkward_keys_become_escaped_levels(lapidus_factory, pg_db, broker, subscribe):

@@ -331,6 +331,24 @@ class Connection:
                 self.log.warning("mqtt broker unavailable; retrying, no event is dropped",
                                  **fields)
 
+    def drop(self, link: Link, reason: str) -> None:
+        """Give up on ``link`` (the publisher's PUBACK timeout: the broker holds the TCP
+        connection but confirms nothing).  The connection is lost from here on like any
+        other: :meth:`wait_ready` waits for the next one, ``health()`` shows ``reason``, and
+        the socket is shut down so that paho closes it (a broker that reads nothing any more
+        would never take a DISCONNECT)."""
+        if link is not self.link or link.lost.done():
+            return
+        self.link = None
+        self._last_error = reason
+        sock = link.paho.socket()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass              # closed meanwhile: lost anyway
+        link.lost.set_exception(aiomqtt.MqttError(reason))
+
     async def wait_ready(self) -> Link:
         while True:
             link = self.link
