@@ -110,8 +110,21 @@ def sample_events(rows: int) -> list:
     return out
 
 
-def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
-    """Start Lapidus on the backlog; return seconds from its start until ``done()``."""
+def dispatcher_cpu(lapidus_pid: int) -> float:
+    """CPU seconds the dispatcher (a child of the supervisor named lapidus:dispatch) used."""
+    import psutil
+    for child in psutil.Process(lapidus_pid).children():
+        if child.name() == "lapidus:dispatc":
+            times = child.cpu_times()
+            return times.user + times.system
+    raise RuntimeError("no dispatcher process")
+
+
+def run_lapidus(workdir: Path, plugins: dict, seen, rows: int, poll: float = 0.1) -> tuple:
+    """Start Lapidus on the backlog; ``seen()`` is the count of events the receiver has.
+    Returns the seconds from its start until ``seen() >= rows`` and the dispatcher's CPU
+    seconds from the first event seen to the last (start-up left out; polled every ``poll``
+    seconds, each poll being a request to the receiver too)."""
     config = {"state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
               "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
                             "port": PG["port"], "user": "postgres", "database": DB,
@@ -123,12 +136,17 @@ def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
     proc = subprocess.Popen([sys.executable, "-m", "lapidus", "-c", str(path)],
                             stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "lapidus.log", "ab"), start_new_session=True)
+    cpu_at_first = None
     try:
-        while not done():
+        while True:
+            count = seen()
+            if count and cpu_at_first is None:
+                cpu_at_first = dispatcher_cpu(proc.pid)
+            if count >= rows:
+                return time.perf_counter() - started, dispatcher_cpu(proc.pid) - cpu_at_first
             if proc.poll() is not None:
                 raise RuntimeError(f"lapidus exited; see {workdir / 'lapidus.log'}")
-            time.sleep(0.02)
-        return time.perf_counter() - started
+            time.sleep(poll)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -210,6 +228,7 @@ def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-webhook", str(port)])
     out: dict = {key: [] for key in ("bare", "bare_wall", "lapidus", "from_start",
+                                     "bare_cpu", "lapidus_cpu",
                                      "bare_requests", "lapidus_requests", "bare_bytes",
                                      "lapidus_bytes")}
     try:
@@ -217,9 +236,10 @@ def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
         url = f"http://127.0.0.1:{port}/hook"
         for _ in range(runs):
             webhook_reset(port)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             asyncio.run(bare_webhook(url, events, batch_size))
             out["bare_wall"].append(rows / (time.perf_counter() - started))
+            out["bare_cpu"].append((time.process_time() - cpu_started) / rows * 1e6)
             stats = webhook_stats(port)
             out["bare"].append(rows / (stats["last"] - stats["first"]))
             out["bare_requests"].append(stats["requests"])
@@ -227,21 +247,22 @@ def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
             webhook_reset(port)
             make_backlog(rows)
             with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
-                # polled every 0.1 s: each poll is a request to the receiver too
-                wall = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
-                                                           "batch_size": batch_size}},
-                                   lambda: time.sleep(0.1) or
-                                   webhook_stats(port)["events"] >= rows, rows)
+                wall, cpu = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
+                                                                "batch_size": batch_size}},
+                                        lambda: webhook_stats(port)["events"], rows)
             stats = webhook_stats(port)
             out["lapidus"].append(rows / (stats["last"] - stats["first"]))
             out["from_start"].append(rows / wall)
+            out["lapidus_cpu"].append(cpu / rows * 1e6)
             out["lapidus_requests"].append(stats["requests"])
             out["lapidus_bytes"].append(stats["bytes"])
             print(f"  run {len(out['bare'])}: bare {out['bare'][-1]:,.0f}, lapidus "
                   f"{out['lapidus'][-1]:,.0f} events/s, ratio "
                   f"{out['lapidus'][-1] / out['bare'][-1]:.2f}; requests "
                   f"{out['bare_requests'][-1]} / {out['lapidus_requests'][-1]}, body bytes "
-                  f"{out['bare_bytes'][-1]:,} / {out['lapidus_bytes'][-1]:,}", flush=True)
+                  f"{out['bare_bytes'][-1]:,} / {out['lapidus_bytes'][-1]:,}; CPU per event "
+                  f"{out['bare_cpu'][-1]:.1f} / {out['lapidus_cpu'][-1]:.1f} us (bare loop / "
+                  f"dispatcher)", flush=True)
         return out
     finally:
         server.terminate()
@@ -345,9 +366,9 @@ def bench_mqtt(rows: int, events: list) -> dict:
             else:
                 make_backlog(rows)
                 with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as work:
-                    wall = run_lapidus(Path(work), {"mqtt": {
+                    wall, _ = run_lapidus(Path(work), {"mqtt": {
                         "url": f"mqtt://127.0.0.1:{port}", "topic_prefix": "bench"}},
-                        lambda: time.sleep(0.2) or mqtt_stats(out)["n"] >= rows, rows)
+                        lambda: mqtt_stats(out)["n"], rows, poll=0.2)
                 results["from_start"] = rows / wall
             stats = mqtt_stats(out)
             results[side] = rows / (stats["last"] - stats["first"])
@@ -401,6 +422,9 @@ def main() -> None:
                   f"({median(r['bare_wall']):,.0f} events/s wall)")
             print(f"  lapidus          : {median(r['lapidus']):,.0f} events/s at the receiver "
                   f"({median(r['from_start']):,.0f} events/s from lapidus's start)")
+            if "lapidus_cpu" in r:
+                print(f"  CPU per event    : bare loop {median(r['bare_cpu']):.1f} us, "
+                      f"dispatcher {median(r['lapidus_cpu']):.1f} us (first to last event)")
             print(f"  ratio lapidus / bare loop, median of the runs' ratios: "
                   f"{median(ratios):.2f} (runs: {', '.join(f'{x:.2f}' for x in ratios)})")
     finally:

@@ -256,7 +256,10 @@ def test_kill_9_of_the_dispatcher_mid_load_loses_no_row(lapidus_factory, pg_db, 
     proc = start(lapidus_factory, [pg_backend(pg_db), lapidus_backend("crm")],
                  {"url": webhook.url, "secret": SECRET})
     loads = [pg_load(pg_db.name), mariadb_load()]
-    wait_until(lambda: len(webhook.events()) >= 3000, 30, message="3000 events before the kill")
+    # both backends well into their loads (so each has confirmed, checkpointed batches)
+    wait_until(lambda: all(sum(1 for e in webhook.events() if e["backend"] == name) >= 1500
+                           for name in ("pg", "crm")), 30,
+               message="1500 events of each backend before the kill")
     victim = dispatcher_pid(proc)
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: dispatcher_pid(proc) != victim, 30, message="a new dispatcher")

@@ -61,7 +61,7 @@ def test_url_credentials_become_basic_auth_and_never_show():
 
 def test_requests_cut_by_batch_size_signed_and_keyed():
     records = [record(i) for i in range(1, 6)]
-    requests = RequestBuilder("pg", "key").build(records, 2)
+    requests = list(RequestBuilder("pg", "key").build(records, 2))
     assert [(r.first, r.count) for r in requests] == [(0, 2), (2, 2), (4, 1)]
     first = requests[0]
     assert json.loads(first.body) == {"events": [json.loads(r.data) for r in records[:2]]}
