@@ -3,7 +3,8 @@
     .venv/bin/python bench/sinks_http_mqtt.py [--rows 200000] [--sinks webhook,mqtt]
                                               [--batch-size 100] [--runs 1]
 
-One run per sink.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
+RUNS rounds per sink, each the bare loop then Lapidus against the same receiver, and the
+median of the rounds' ratios.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
 4-column table; then start ``lapidus -c CONFIG`` with only that sink and time until the
 receiver has every event:
   * webhook: the receiver is an aiohttp server in a process of its own (this script with
@@ -17,7 +18,10 @@ receiver has every event:
     of unacknowledged publishes as the sink, until every PUBACK came.
 Both figures are events/s from the first event the receiver saw to the last, so the start-up of
 Lapidus and PostgreSQL's decoding of the first transaction are not counted against the sink;
-the time from Lapidus's start is printed as well.  The payloads of the bare loops are events
+the time from Lapidus's start is printed as well.  For the webhook each round also prints the
+requests and body bytes the receiver took from each side (the same cut shows as the same
+count) and the CPU per event of the bare loop's process and of Lapidus's dispatcher (from the
+first event seen to the last), which the host's load moves far less than the wall time.  The payloads of the bare loops are events
 of the same table encoded by Lapidus's own encoder, so they have the same size.
 
 Needs the local PostgreSQL (127.0.0.1:5432, user postgres; BENCH_PG_PORT=N) and
