@@ -1,9 +1,10 @@
 """Drain a PostgreSQL backlog into the webhook and mqtt sinks, beside bare client loops.
 
     .venv/bin/python bench/sinks_http_mqtt.py [--rows 200000] [--sinks webhook,mqtt]
-                                              [--batch-size 100]
+                                              [--batch-size 100] [--runs 1]
 
-One run per sink.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
+RUNS rounds per sink, each the bare loop then Lapidus against the same receiver, and the
+median of the rounds' ratios.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
 4-column table; then start ``lapidus -c CONFIG`` with only that sink and time until the
 receiver has every event:
   * webhook: the receiver is an aiohttp server in a process of its own (this script with
@@ -17,7 +18,10 @@ receiver has every event:
     of unacknowledged publishes as the sink, until every PUBACK came.
 Both figures are events/s from the first event the receiver saw to the last, so the start-up of
 Lapidus and PostgreSQL's decoding of the first transaction are not counted against the sink;
-the time from Lapidus's start is printed as well.  The payloads of the bare loops are events
+the time from Lapidus's start is printed as well.  For the webhook each round also prints the
+requests and body bytes the receiver took from each side (the same cut shows as the same
+count) and the CPU per event of the bare loop's process and of Lapidus's dispatcher (from the
+first event seen to the last), which the host's load moves far less than the wall time.  The payloads of the bare loops are events
 of the same table encoded by Lapidus's own encoder, so they have the same size.
 
 Needs the local PostgreSQL (127.0.0.1:5432, user postgres; BENCH_PG_PORT=N) and
@@ -33,6 +37,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,8 +114,21 @@ def sample_events(rows: int) -> list:
     return out
 
 
-def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
-    """Start Lapidus on the backlog; return seconds from its start until ``done()``."""
+def dispatcher_cpu(lapidus_pid: int) -> float:
+    """CPU seconds the dispatcher (a child of the supervisor named lapidus:dispatch) used."""
+    import psutil
+    for child in psutil.Process(lapidus_pid).children():
+        if child.name() == "lapidus:dispatc":
+            times = child.cpu_times()
+            return times.user + times.system
+    raise RuntimeError("no dispatcher process")
+
+
+def run_lapidus(workdir: Path, plugins: dict, seen, rows: int, poll: float = 0.1) -> tuple:
+    """Start Lapidus on the backlog; ``seen()`` is the count of events the receiver has.
+    Returns the seconds from its start until ``seen() >= rows`` and the dispatcher's CPU
+    seconds from the first event seen to the last (start-up left out; polled every ``poll``
+    seconds, each poll being a request to the receiver too)."""
     config = {"state_dir": str(workdir / "state"), "log": {"format": "json", "level": "warning"},
               "backends": [{"name": "bench", "type": "postgresql", "host": "127.0.0.1",
                             "port": PG["port"], "user": "postgres", "database": DB,
@@ -122,12 +140,17 @@ def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
     proc = subprocess.Popen([sys.executable, "-m", "lapidus", "-c", str(path)],
                             stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "lapidus.log", "ab"), start_new_session=True)
+    cpu_at_first = None
     try:
-        while not done():
+        while True:
+            count = seen()
+            if count and cpu_at_first is None:
+                cpu_at_first = dispatcher_cpu(proc.pid)
+            if count >= rows:
+                return time.perf_counter() - started, dispatcher_cpu(proc.pid) - cpu_at_first
             if proc.poll() is not None:
                 raise RuntimeError(f"lapidus exited; see {workdir / 'lapidus.log'}")
-            time.sleep(0.02)
-        return time.perf_counter() - started
+            time.sleep(poll)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -142,15 +165,17 @@ def run_lapidus(workdir: Path, plugins: dict, done, rows: int) -> float:
 def serve_webhook(port: int) -> None:
     """The receiver process: 200 to every POST, counts events, ``GET /stats``."""
     from aiohttp import web
-    stats = {"events": 0, "first": None, "last": None}
+    stats = {"events": 0, "requests": 0, "bytes": 0, "first": None, "last": None}
 
     async def take(request):
-        await request.read()
+        body = await request.read()
         count = int(request.headers.get("Lapidus-Events", "0"))
         now = time.time()
         if stats["first"] is None:
             stats["first"] = now
         stats["events"] += count
+        stats["requests"] += 1
+        stats["bytes"] += len(body)
         stats["last"] = now
         return web.Response(status=200)
 
@@ -158,7 +183,7 @@ def serve_webhook(port: int) -> None:
         return web.json_response(stats)
 
     async def reset(request):
-        stats.update(events=0, first=None, last=None)
+        stats.update(events=0, requests=0, bytes=0, first=None, last=None)
         return web.json_response(stats)
 
     app = web.Application(client_max_size=64 << 20)
@@ -200,27 +225,49 @@ async def bare_webhook(url: str, events: list, batch_size: int) -> None:
                 assert answer.status == 200
 
 
-def bench_webhook(rows: int, batch_size: int, events: list) -> dict:
+def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
+    """``runs`` rounds of the bare loop then Lapidus, against one receiver process; lists of
+    each round's figures.  The receiver's request and byte counts show both sides sent the
+    same requests."""
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-webhook", str(port)])
+    out: dict = {key: [] for key in ("bare", "bare_wall", "lapidus", "from_start",
+                                     "bare_cpu", "lapidus_cpu",
+                                     "bare_requests", "lapidus_requests", "bare_bytes",
+                                     "lapidus_bytes")}
     try:
         wait_port(port)
         url = f"http://127.0.0.1:{port}/hook"
-        started = time.perf_counter()
-        asyncio.run(bare_webhook(url, events, batch_size))
-        bare_wall = time.perf_counter() - started
-        stats = webhook_stats(port)
-        bare = rows / (stats["last"] - stats["first"])
-        webhook_reset(port)
-        make_backlog(rows)
-        with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
-            wall = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
-                                                       "batch_size": batch_size}},
-                               lambda: webhook_stats(port)["events"] >= rows, rows)
-        stats = webhook_stats(port)
-        lapidus = rows / (stats["last"] - stats["first"])
-        return {"bare": bare, "bare_wall": rows / bare_wall, "lapidus": lapidus,
-                "from_start": rows / wall}
+        for _ in range(runs):
+            webhook_reset(port)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            asyncio.run(bare_webhook(url, events, batch_size))
+            out["bare_wall"].append(rows / (time.perf_counter() - started))
+            out["bare_cpu"].append((time.process_time() - cpu_started) / rows * 1e6)
+            stats = webhook_stats(port)
+            out["bare"].append(rows / (stats["last"] - stats["first"]))
+            out["bare_requests"].append(stats["requests"])
+            out["bare_bytes"].append(stats["bytes"])
+            webhook_reset(port)
+            make_backlog(rows)
+            with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as tmp:
+                wall, cpu = run_lapidus(Path(tmp), {"webhook": {"url": url, "secret": SECRET,
+                                                                "batch_size": batch_size}},
+                                        lambda: webhook_stats(port)["events"], rows)
+            stats = webhook_stats(port)
+            out["lapidus"].append(rows / (stats["last"] - stats["first"]))
+            out["from_start"].append(rows / wall)
+            out["lapidus_cpu"].append(cpu / rows * 1e6)
+            out["lapidus_requests"].append(stats["requests"])
+            out["lapidus_bytes"].append(stats["bytes"])
+            print(f"  run {len(out['bare'])}: bare {out['bare'][-1]:,.0f}, lapidus "
+                  f"{out['lapidus'][-1]:,.0f} events/s, ratio "
+                  f"{out['lapidus'][-1] / out['bare'][-1]:.2f}; requests "
+                  f"{out['bare_requests'][-1]} / {out['lapidus_requests'][-1]}, body bytes "
+                  f"{out['bare_bytes'][-1]:,} / {out['lapidus_bytes'][-1]:,}; CPU per event "
+                  f"{out['bare_cpu'][-1]:.1f} / {out['lapidus_cpu'][-1]:.1f} us (bare loop / "
+                  f"dispatcher)", flush=True)
+        return out
     finally:
         server.terminate()
         server.wait(10)
@@ -323,9 +370,9 @@ def bench_mqtt(rows: int, events: list) -> dict:
             else:
                 make_backlog(rows)
                 with tempfile.TemporaryDirectory(prefix="lapidus-bench-") as work:
-                    wall = run_lapidus(Path(work), {"mqtt": {
+                    wall, _ = run_lapidus(Path(work), {"mqtt": {
                         "url": f"mqtt://127.0.0.1:{port}", "topic_prefix": "bench"}},
-                        lambda: time.sleep(0.2) or mqtt_stats(out)["n"] >= rows, rows)
+                        lambda: mqtt_stats(out)["n"], rows, poll=0.2)
                 results["from_start"] = rows / wall
             stats = mqtt_stats(out)
             results[side] = rows / (stats["last"] - stats["first"])
@@ -348,26 +395,42 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--sinks", default="webhook,mqtt")
     parser.add_argument("--batch-size", type=int, default=100, help="webhook batch_size")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="rounds of bare loop then Lapidus; medians are reported")
     args = parser.parse_args()
     events = sample_events(args.rows)
     size = sum(len(data) for _, _, data in events) / len(events)
-    print(f"{args.rows:,} events of {size:.0f} bytes of JSON each, one run per sink")
+    print(f"{args.rows:,} events of {size:.0f} bytes of JSON each, {args.runs} run(s) per sink")
     try:
         for sink in args.sinks.split(","):
             if sink == "webhook":
-                r = bench_webhook(args.rows, args.batch_size, events)
                 label = f"webhook (batch_size {args.batch_size})"
+                print(f"{label}:", flush=True)
+                r = bench_webhook(args.rows, args.batch_size, events, args.runs)
             elif sink == "mqtt":
-                r = bench_mqtt(args.rows, events)
                 label = "mqtt (QoS 1, MQTT 5)"
+                print(f"{label}:", flush=True)
+                r = {}
+                for _ in range(args.runs):
+                    for key, value in bench_mqtt(args.rows, events).items():
+                        r.setdefault(key, []).append(value)
+                    print(f"  run {len(r['bare'])}: bare {r['bare'][-1]:,.0f}, lapidus "
+                          f"{r['lapidus'][-1]:,.0f} events/s, ratio "
+                          f"{r['lapidus'][-1] / r['bare'][-1]:.2f}", flush=True)
             else:
                 raise SystemExit(f"unknown sink {sink!r}")
-            print(f"{label}:")
-            print(f"  bare client loop : {r['bare']:,.0f} events/s at the receiver "
-                  f"({r['bare_wall']:,.0f} events/s wall)")
-            print(f"  lapidus          : {r['lapidus']:,.0f} events/s at the receiver "
-                  f"({r['from_start']:,.0f} events/s from lapidus's start)")
-            print(f"  ratio lapidus / bare loop: {r['lapidus'] / r['bare']:.2f}")
+            median = statistics.median
+            ratios = [lap / bare for lap, bare in zip(r["lapidus"], r["bare"])]
+            print(f"  median of {args.runs}:")
+            print(f"  bare client loop : {median(r['bare']):,.0f} events/s at the receiver "
+                  f"({median(r['bare_wall']):,.0f} events/s wall)")
+            print(f"  lapidus          : {median(r['lapidus']):,.0f} events/s at the receiver "
+                  f"({median(r['from_start']):,.0f} events/s from lapidus's start)")
+            if "lapidus_cpu" in r:
+                print(f"  CPU per event    : bare loop {median(r['bare_cpu']):.1f} us, "
+                      f"dispatcher {median(r['lapidus_cpu']):.1f} us (first to last event)")
+            print(f"  ratio lapidus / bare loop, median of the runs' ratios: "
+                  f"{median(ratios):.2f} (runs: {', '.join(f'{x:.2f}' for x in ratios)})")
     finally:
         drop_database()
 

@@ -3,8 +3,10 @@
 * :class:`Broker` runs ``/usr/sbin/mosquitto -c FILE`` on a free loopback port with a config
   of its own (persistence in the test's directory, no queue limit for a subscriber that falls
   behind, optionally a password file); ``stop()`` and ``start()`` again on the same port make
-  an outage.  Always stopped, by its pid, at the end.  The shared Mosquitto on 1883 is never
-  touched.
+  an outage.  With ``tls=`` a :class:`tests.integration.tls_fixtures.Pki` it also listens
+  with TLS (its server certificate) on ``tls_port`` (``tls_url``), the plain listener staying
+  for the test's subscriber.  Always stopped, by its pid, at the end.  The shared Mosquitto on
+  1883 is never touched.
 * :class:`Subscriber` is paho-mqtt in a process of its own: MQTT 5, QoS 1, a persistent session
   (so what the broker acknowledged to Lapidus reaches it across a broker restart), recording
   topic, payload and user properties.
@@ -44,7 +46,7 @@ def port_open(port: int) -> bool:
 
 class Broker:
     def __init__(self, directory: Path, users: Optional[Dict[str, str]] = None,
-                 acl: Optional[str] = None):
+                 acl: Optional[str] = None, tls=None):
         self.directory = directory
         self.port = free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
@@ -69,14 +71,22 @@ class Broker:
                 lines.append(f"acl_file {directory / 'acl'}")
         else:
             lines.append("allow_anonymous true")
+        if tls is not None:
+            # after the plain listener's settings: cafile/certfile/keyfile belong to the
+            # listener above them
+            self.tls_port = free_port()
+            self.tls_url = f"mqtts://127.0.0.1:{self.tls_port}"
+            lines += [f"listener {self.tls_port} 127.0.0.1", f"cafile {tls.ca}",
+                      f"certfile {tls.server_cert}", f"keyfile {tls.server_key}"]
         self.config = directory / "mosquitto.conf"
         self.config.write_text("\n".join(lines) + "\n")
 
     def start(self) -> None:
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: port_open(self.port) or self.proc.poll() is not None, 20,
-                   message=f"private mosquitto on {self.port}")
+        ports = [self.port] + ([self.tls_port] if hasattr(self, "tls_port") else [])
+        wait_until(lambda: all(map(port_open, ports)) or self.proc.poll() is not None, 20,
+                   message=f"private mosquitto on {ports}")
         assert self.proc.poll() is None, "mosquitto exited at start"
 
     def stop(self) -> None:

@@ -21,6 +21,7 @@ from lapidus.sinks.mqtt.topics import decode_key, decode_level
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, status
 from tests.integration.mqtt_fixtures import broker, subscribe
+from tests.integration.tls_fixtures import make_pki, one_untrusted_error
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
@@ -60,8 +61,9 @@ def test_pg_and_mariadb_rows_arrive_once_in_commit_order(lapidus_factory, pg_db,
     sub = subscribe(mosquitto.port, "it/#")
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     mariadb_table(sql)
+    # a short ack_timeout: a broker that confirms as it should never trips it
     proc = start(lapidus_factory, [pg_backend(pg_db), lapidus_backend("crm")],
-                 {"url": mosquitto.url, "topic_prefix": "it"})
+                 {"url": mosquitto.url, "topic_prefix": "it", "ack_timeout": 5})
     loads = [pg_load(pg_db.name), mariadb_load()]
     for load in loads:
         finish(load)
@@ -85,6 +87,7 @@ def test_pg_and_mariadb_rows_arrive_once_in_commit_order(lapidus_factory, pg_db,
     assert health["pg"]["connected"] and health["crm"]["connected"]
     assert health["pg"]["protocol"] == "5"
     assert "Traceback" not in proc.log()
+    assert "no PUBACK" not in proc.log() and "disconnected" not in proc.log()
 
 
 def test_awkward_keys_become_escaped_levels(lapidus_factory, pg_db, broker, subscribe):
@@ -174,6 +177,41 @@ def test_wrong_credentials_are_one_clear_error_and_the_backend_waits(lapidus_fac
     assert "url" in lines[0]["fix"]
     assert not sinks_of(proc)["pg"]["connected"]
     assert "wrong-pass" not in proc.log() and "Traceback" not in proc.log()
+
+
+def test_mqtts_with_a_private_ca_delivers_every_row(lapidus_factory, pg_db, broker, subscribe,
+                                                   tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    mosquitto = broker(tls=pki)
+    seen = subscribe(mosquitto.port, "lapidus/#")      # on the plain listener
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    proc = start(lapidus_factory, [pg_backend(pg_db)],
+                 {"url": mosquitto.tls_url, "tls_ca_file": str(pki.ca)})
+    pg_db.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 500) g")
+    messages = seen.wait_distinct(500)
+    assert sorted({m.event["pk"]["id"] for m in messages}) == list(range(1, 501))
+    wait_until(lambda: sinks_of(proc)["pg"].get("connected") is True, 10,
+               message="mqtt connected in lapidusctl status")
+    assert "Traceback" not in proc.log()
+
+
+def test_a_broker_certificate_of_another_ca_is_one_clear_error_and_nothing_is_sent(
+        lapidus_factory, pg_db, broker, subscribe, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    mosquitto = broker(tls=pki)
+    seen = subscribe(mosquitto.port, "lapidus/#")
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    proc = start(lapidus_factory, [pg_backend(pg_db)],
+                 {"url": mosquitto.tls_url, "tls_ca_file": str(pki.wrong_ca)})
+    pg_db.sql("INSERT INTO t VALUES (1, 0)")
+    message = "the mqtt broker's TLS certificate is not trusted"
+    wait_until(lambda: message in proc.log(), 30, message="the certificate error in the log")
+    state = wait_until(lambda: (lambda s: s if s.get("last_error") else None)(
+        sinks_of(proc)["pg"]), 10, message="the error in lapidusctl status")
+    assert state["connected"] is False
+    assert "certificate verify failed" in state["last_error"]
+    one_untrusted_error(proc.log(), message, "mqtt")
+    assert seen.seen() == []
 
 
 def test_a_topic_the_broker_refuses_goes_to_the_dead_letters_the_rest_streams_on(

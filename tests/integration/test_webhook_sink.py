@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, status
+from tests.integration.tls_fixtures import make_pki, one_untrusted_error
 from tests.integration.webhook_fixtures import receiver
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -195,6 +196,42 @@ def test_a_wrong_url_scheme_is_one_clear_error_of_lapidus_t(tmp_path):
     assert "Traceback" not in out and "pw" not in out
 
 
+def test_https_with_a_private_ca_delivers_every_row(lapidus_factory, pg_db, receiver,
+                                                   tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    webhook = receiver(secret=SECRET, tls=pki)
+    assert webhook.url.startswith("https://")
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    proc = start(lapidus_factory, [pg_backend(pg_db)],
+                 {"url": webhook.url, "secret": SECRET, "tls_ca_file": str(pki.ca),
+                  "batch_size": 50})
+    pg_db.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 500) g")
+    events = webhook.wait_count(500)
+    assert sorted(e["pk"]["id"] for e in events) == list(range(1, 501))
+    assert webhook.bad_signatures == 0
+    wait_until(lambda: status(proc.config_path)["pg"]["sinks"]["webhook"]["connected"], 10,
+               message="webhook up in lapidusctl status")
+    assert "Traceback" not in proc.log()
+
+
+def test_a_server_certificate_of_another_ca_is_one_clear_error_and_nothing_is_sent(
+        lapidus_factory, pg_db, receiver, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    webhook = receiver(secret=SECRET, tls=pki)
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    proc = start(lapidus_factory, [pg_backend(pg_db)],
+                 {"url": webhook.url, "secret": SECRET, "tls_ca_file": str(pki.wrong_ca)})
+    pg_db.sql("INSERT INTO t VALUES (1, 0)")
+    message = "the webhook's TLS certificate is not trusted"
+    wait_until(lambda: message in proc.log(), 30, message="the certificate error in the log")
+    state = wait_until(lambda: (lambda s: s if not s["connected"] else None)(
+        status(proc.config_path)["pg"]["sinks"]["webhook"]), 10,
+        message="webhook down in lapidusctl status")
+    assert "certificate verify failed" in state["last_error"]
+    one_untrusted_error(proc.log(), message, "webhook")
+    assert webhook.events() == []
+
+
 def dispatcher_pid(proc):
     def find():
         for child in proc.children():
@@ -214,7 +251,10 @@ def test_kill_9_of_the_dispatcher_mid_load_loses_no_row(lapidus_factory, pg_db, 
     proc = start(lapidus_factory, [pg_backend(pg_db), lapidus_backend("crm")],
                  {"url": webhook.url, "secret": SECRET})
     loads = [pg_load(pg_db.name), mariadb_load()]
-    wait_until(lambda: len(webhook.events()) >= 3000, 30, message="3000 events before the kill")
+    # both backends well into their loads (so each has confirmed, checkpointed batches)
+    wait_until(lambda: all(sum(1 for e in webhook.events() if e["backend"] == name) >= 1500
+                           for name in ("pg", "crm")), 30,
+               message="1500 events of each backend before the kill")
     victim = dispatcher_pid(proc)
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: dispatcher_pid(proc) != victim, 30, message="a new dispatcher")

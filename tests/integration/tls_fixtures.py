@@ -53,3 +53,16 @@ def make_pki(directory: Path, names: str = "IP:127.0.0.1, DNS:localhost") -> Pki
              "-CAkey", str(directory / "test-ca.key"), "-CAcreateserial", "-days", "2",
              "-extfile", str(ext), "-out", str(cert))
     return Pki(ca=ca, server_cert=cert, server_key=key, wrong_ca=wrong)
+
+
+def one_untrusted_error(log: str, message: str, sink: str) -> dict:
+    """The single error line ``message`` of a sink whose server certificate does not verify:
+    logged once (not once per retry), naming the sink, the reason and ``tls_ca_file``."""
+    import json
+    lines = [json.loads(line) for line in log.splitlines() if message in line]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line["level"] == "error" and line["sink"] == sink, line
+    assert "certificate verify failed" in line["error"] and "tls_ca_file" in line["fix"], line
+    assert "Traceback" not in log
+    return line

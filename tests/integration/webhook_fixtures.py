@@ -3,13 +3,15 @@
 :class:`Receiver` records every request it takes (2xx) with its events and headers, verifies
 ``Lapidus-Signature`` when given the secret (a bad one is answered 401 and counted), and can be
 told how to answer: ``receiver.answer = lambda events: 503`` (or a ``(status, headers)``
-pair) answers every request so until it is set back to None.
+pair) answers every request so until it is set back to None.  ``tls=`` a
+:class:`tests.integration.tls_fixtures.Pki` serves https:// with its server certificate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional
 
@@ -26,8 +28,12 @@ class Taken(NamedTuple):
 
 
 class Receiver:
-    def __init__(self, secret: Optional[str] = None, user: Optional[str] = None):
+    def __init__(self, secret: Optional[str] = None, user: Optional[str] = None, tls=None):
         self.secret = secret
+        self._ssl: Optional[ssl.SSLContext] = None
+        if tls is not None:
+            self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._ssl.load_cert_chain(str(tls.server_cert), str(tls.server_key))
         self.taken: List[Taken] = []
         self.answered: Dict[int, int] = {}            # status -> count of non-2xx answers
         self.bad_signatures = 0
@@ -41,7 +47,8 @@ class Receiver:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the test webhook receiver did not start")
-        self.url = f"http://127.0.0.1:{self.port}/hook"
+        scheme = "https" if self._ssl is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/hook"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -54,7 +61,7 @@ class Receiver:
         app.router.add_post("/hook", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 

@@ -61,7 +61,7 @@ def test_url_credentials_become_basic_auth_and_never_show():
 
 def test_requests_cut_by_batch_size_signed_and_keyed():
     records = [record(i) for i in range(1, 6)]
-    requests = RequestBuilder("pg", "key").build(records, 2)
+    requests = list(RequestBuilder("pg", "key").build(records, 2))
     assert [(r.first, r.count) for r in requests] == [(0, 2), (2, 2), (4, 1)]
     first = requests[0]
     assert json.loads(first.body) == {"events": [json.loads(r.data) for r in records[:2]]}
@@ -82,6 +82,19 @@ def test_requests_cut_by_batch_size_signed_and_keyed():
     (400, answers.REFUSED), (413, answers.REFUSED), (422, answers.REFUSED)])
 def test_each_status_has_its_verdict(status, kind):
     assert answers.judge(status, "X").kind == kind
+
+
+def test_an_unverified_certificate_is_a_settings_error_other_failures_are_retried():
+    import ssl
+    untrusted = answers.transport_failure(ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed "
+           "certificate in certificate chain"), 30.0)
+    assert untrusted.kind == answers.UNTRUSTED and "tls_ca_file" in untrusted.fix
+    assert "certificate verify failed" in untrusted.reason
+    refused = answers.transport_failure(ConnectionRefusedError(111, "Connection refused"), 30)
+    assert refused.kind == answers.RETRY and refused.fix == ""
+    timeout = answers.transport_failure(asyncio.TimeoutError(), 30.0)
+    assert timeout.kind == answers.RETRY and "30 s" in timeout.reason
 
 
 def test_retry_after_in_seconds_or_as_a_date():

@@ -5,7 +5,9 @@ per backend (``shared = False``).  Contract (lapidus.sinks.base.Sink): :meth:`Mq
 returns only when every message of the batch is confirmed: QoS 1 (default) by the broker's
 PUBACK on the connection it was sent on; ``qos = 0`` once written (at most once).  While the
 broker is unreachable ``send`` waits and the connection is retried for ever; nothing is
-dropped, and what was unconfirmed when a connection dropped is sent again, in order.
+dropped, and what was unconfirmed when a connection dropped is sent again, in order.  A
+connection that confirms nothing for ``ack_timeout`` seconds is dropped on purpose (see
+:mod:`.publisher`).
 
 The payload is the event's EVENTS.md JSON; MQTT 5 (when the broker speaks it) adds user
 properties ``Lapidus-Id`` (the event id, for dropping repeats), ``Lapidus-Backend``,
@@ -57,7 +59,8 @@ class MqttSink(Sink):
             return
         self.connection = Connection(self.settings, self.backend, self.log)
         self.publisher = Publisher(self.connection, self.backend, self.settings.qos,
-                                   self.settings.max_inflight, self.log)
+                                   self.settings.max_inflight, self.log,
+                                   self.settings.ack_timeout)
         self.connection.start()
 
     async def send(self, records: Sequence[Record]) -> None:

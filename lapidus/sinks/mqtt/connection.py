@@ -12,8 +12,9 @@ Runs in the dispatcher process, inside its asyncio loop; imported only when the 
   broker forgets the previous one and paho replays nothing by itself, so the publisher alone
   resends what was unconfirmed, in order.
 * ``protocol = "auto"`` tries MQTT 5 and falls back to 3.1.1 when the broker refuses the
-  version (and stays there).  Refused credentials or client id are a settings problem: one
-  error line naming the fix, then an attempt every 10 s.  Anything else (no broker, TLS,
+  version (and stays there).  Refused credentials or client id, and a broker certificate that
+  does not verify, are a settings problem: one error line naming the fix, then an attempt
+  every 10 s.  Anything else (no broker, TLS,
   a dropped connection) is retried with backoff up to 10 s, logged when it starts and every
   30 s.
 
@@ -68,8 +69,8 @@ def settings_fix(text: str) -> str:
                  if reason.lower().replace(" ", "") in squeezed), "")
 
 
-TLS_FIX = ("set tls_ca_file to the CA that signed the broker's certificate, or use mqtt:// for "
-           "a broker without TLS")
+TLS_FIX = ("set tls_ca_file to the CA that signed the broker's certificate (and make the url's "
+           "host one the certificate names), or use mqtt:// for a broker without TLS")
 
 
 class UnsupportedClient(SinkError):
@@ -210,8 +211,14 @@ class Connection:
                 await asyncio.sleep(delay)
                 continue
             except (aiomqtt.MqttError, OSError) as exc:
-                delay = backoff.next()
                 text = str(exc) or type(exc).__name__
+                if "certificate verify failed" in text.lower():
+                    # retrying will not cure it: a settings error, tried again slowly
+                    self._failed(f"the broker's TLS certificate does not verify: {text}",
+                                 TLS_FIX, SETTINGS_RETRY, untrusted=True)
+                    await asyncio.sleep(SETTINGS_RETRY)
+                    continue
+                delay = backoff.next()
                 fix = TLS_FIX if "ssl" in text.lower() or "certificate" in text.lower() else ""
                 self._failed(f"cannot connect to the broker: {text}", fix, delay)
                 await asyncio.sleep(delay)
@@ -300,7 +307,8 @@ class Connection:
         self.log.warning("mqtt disconnected; reconnecting, no event is dropped",
                          server=self.options.target, error=self._last_error)
 
-    def _failed(self, reason: str, fix: str, retry_in: float, settings: bool = False) -> None:
+    def _failed(self, reason: str, fix: str, retry_in: float, settings: bool = False,
+                untrusted: bool = False) -> None:
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
@@ -316,9 +324,30 @@ class Connection:
             if settings:
                 self.log.error("the mqtt broker refuses the sink's settings; the backend "
                                "waits, no event is dropped", **fields)
+            elif untrusted:
+                self.log.error("the mqtt broker's TLS certificate is not trusted; the backend "
+                               "waits, no event is dropped", **fields)
             else:
                 self.log.warning("mqtt broker unavailable; retrying, no event is dropped",
                                  **fields)
+
+    def drop(self, link: Link, reason: str) -> None:
+        """Give up on ``link`` (the publisher's PUBACK timeout: the broker holds the TCP
+        connection but confirms nothing).  The connection is lost from here on like any
+        other: :meth:`wait_ready` waits for the next one, ``health()`` shows ``reason``, and
+        the socket is shut down so that paho closes it (a broker that reads nothing any more
+        would never take a DISCONNECT)."""
+        if link is not self.link or link.lost.done():
+            return
+        self.link = None
+        self._last_error = reason
+        sock = link.paho.socket()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass              # closed meanwhile: lost anyway
+        link.lost.set_exception(aiomqtt.MqttError(reason))
 
     async def wait_ready(self) -> Link:
         while True:

@@ -32,6 +32,9 @@ OPTIONS: Dict[str, Option] = {
     "connect_timeout": Option("number", 5.0, "Seconds to connect."),
     "max_inflight": Option("count", 1024, "Publishes awaiting their PUBACK, at most (and at "
                                           "most the broker's Receive Maximum)."),
+    "ack_timeout": Option("number", 30.0, "Seconds without a PUBACK while publishes await "
+                                          "one; then the connection is dropped and they are "
+                                          "sent again on a new one."),
     "tls_ca_file": Option("str", None, "CA bundle for an mqtts:// broker's certificate."),
 }
 
@@ -48,12 +51,13 @@ class MqttOptions:
     keepalive: int = 15
     connect_timeout: float = 5.0
     max_inflight: int = 1024
+    ack_timeout: float = 30.0
     tls_ca_file: Optional[str] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "MqttOptions":
         return cls(**parsed_values(options, OPTIONS, validate, "mqtt",
-                                   seconds=("connect_timeout",)))
+                                   seconds=("connect_timeout", "ack_timeout")))
 
     @property
     def tls(self) -> bool:

@@ -8,7 +8,11 @@ at a time, and never more than the broker's Receive Maximum.
 
 When the connection drops, the messages from the first unconfirmed one to the end are sent
 again, in order, on the next connection: a consumer sees a key's changes in commit order, some
-possibly twice (same ``Lapidus-Id``).  A PUBACK with a failure reason code (MQTT 5: not
+possibly twice (same ``Lapidus-Id``).  A connection on which no PUBACK comes for
+``ack_timeout`` seconds while messages await one is dropped (the broker holds the TCP
+connection but confirms nothing: stuck, or a proxy that lost its other side), with the same
+resending on the next one; without it such a broker would hold the backend silently for
+ever.  A PUBACK with a failure reason code (MQTT 5: not
 authorized, packet too large, quota exceeded ...) refuses that message for good:
 :class:`Refused` names its index, and the sink turns it into UndeliverableError.
 """
@@ -41,11 +45,13 @@ class Refused(Exception):
 
 
 class Publisher:
-    def __init__(self, connection: Connection, backend: str, qos: int, window: int, log: Any):
+    def __init__(self, connection: Connection, backend: str, qos: int, window: int, log: Any,
+                 ack_timeout: float = 30.0):
         self.connection = connection
         self.backend = backend
         self.qos = qos
         self.window = window
+        self.ack_timeout = ack_timeout
         self.log = log
         self._waiting: Dict[int, "asyncio.Future[Any]"] = {}    # paho mid -> its future
         self.properties = PropertiesBuilder(backend)
@@ -93,8 +99,14 @@ class Publisher:
                 position += 1
             index, future = pending[0]
             if not future.done():
-                await asyncio.wait((future, lost), return_when=asyncio.FIRST_COMPLETED)
+                # the oldest unconfirmed message: each PUBACK restarts the clock
+                await asyncio.wait((future, lost), timeout=self.ack_timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if not future.done():
+                    if not lost.done():
+                        self.connection.drop(link, f"no PUBACK within {self.ack_timeout:g} s "
+                                                   f"({len(pending)} publishes waiting); "
+                                                   f"connection dropped, sending them again")
                     return confirmed          # lost before its PUBACK: resend from here
             pending.popleft()
             reason = future.result()

@@ -4,12 +4,14 @@ Runs in the dispatcher process, inside its asyncio loop; one instance (one aioht
 hence one keep-alive connection pool) per backend.  Contract (lapidus.sinks.base.Sink):
 :meth:`WebhookSink.send` cuts the records into requests of ``batch_size`` events, POSTs them
 one after the other (the next only once the previous one was answered 2xx, so a receiver sees
-each key's changes in commit order) and returns once every one was answered 2xx.
+each key's changes in commit order; it is built while the previous one is in flight) and
+returns once every one was answered 2xx.
 
 While the server is down, slow, or answers 429/5xx, ``send`` retries the same request for ever
 (backoff up to ``retry_max``, or the server's ``Retry-After``): the backend's position stays
-where it is and nothing is dropped; :meth:`health` says since when it is down.  401/403 and 3xx
-are settings errors: one clear error, then the same waiting (see :mod:`.answers`).
+where it is and nothing is dropped; :meth:`health` says since when it is down.  401/403, 3xx
+and a certificate that does not verify are settings errors: one clear error, then the same
+waiting (see :mod:`.answers`).
 
 Another 4xx refuses an event for good.  A request of several events is then sent again one
 event per request, in order, until the refused one is found: the events before it are
@@ -74,8 +76,23 @@ class WebhookSink(Sink):
     async def send(self, records: Sequence[Record]) -> None:
         if self.client is None:
             await self.start()
-        for request in self.requests.build(records, self.settings.batch_size):
-            await self._deliver(request, records)
+        posting: Optional[asyncio.Future] = None
+        try:
+            # each request is built while the previous one is on the wire: the body's join
+            # and its HMAC overlap the server's work instead of adding to each round trip
+            for request in self.requests.build(records, self.settings.batch_size):
+                if posting is not None:
+                    await posting        # confirmed (2xx) before the next one is sent
+                posting = asyncio.ensure_future(self._deliver(request, records))
+                # two loop turns: one for the POST to start, one for aiohttp's body writer
+                # (a task of its own before Python 3.12); then the request is written
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            if posting is not None:
+                await posting
+        finally:
+            if posting is not None and not posting.done():
+                posting.cancel()         # send() itself was cancelled (shutdown, a reload)
 
     async def _deliver(self, request: Request, records: Sequence[Record]) -> None:
         """POST ``request`` until it is answered 2xx; narrow a refusal down to its event."""
@@ -95,7 +112,7 @@ class WebhookSink(Sink):
                 for index in range(request.first, request.first + request.count):
                     await self._deliver(self.requests.one([records[index]], index), records)
                 return
-            if verdict.kind == answers.SETTINGS:
+            if verdict.kind in (answers.SETTINGS, answers.UNTRUSTED):
                 delay = max(SETTINGS_RETRY, verdict.retry_after or 0.0)
             else:
                 if backoff is None:
@@ -136,6 +153,9 @@ class WebhookSink(Sink):
             if verdict.kind == answers.SETTINGS:
                 self.log.error("the webhook refuses the sink's settings; the backend waits, "
                                "no event is dropped", **fields)
+            elif verdict.kind == answers.UNTRUSTED:
+                self.log.error("the webhook's TLS certificate is not trusted; the backend "
+                               "waits, no event is dropped", **fields)
             else:
                 self.log.warning("webhook unavailable; retrying the same request, no event "
                                  "is dropped", **fields)

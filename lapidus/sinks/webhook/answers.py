@@ -13,6 +13,8 @@ Runs in the dispatcher process; pure functions, unit-tested without a server.
   redirected, since a redirect may turn them into GETs).
 * Any other 4xx: the server refuses what was sent, for good.  The sink narrows that down to
   one event (see :mod:`lapidus.sinks.webhook`) and raises UndeliverableError for it.
+* A server certificate that does not verify (unknown CA, wrong host name): UNTRUSTED, a
+  settings problem like 401 (retrying will not cure it), waited on slowly with its fix.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 CREDENTIAL_STATUSES = frozenset({401, 403})
 RETRY_AFTER_MAX = 3600.0      # a server asking for more than an hour is likely wrong
 
-OK, RETRY, SETTINGS, REFUSED = "ok", "retry", "settings", "refused"
+OK, RETRY, SETTINGS, REFUSED, UNTRUSTED = "ok", "retry", "settings", "refused", "untrusted"
 
 CREDENTIALS_FIX = ("check user:password in the url, or the Authorization value in headers, of "
                    "the webhook plugin; the backend waits meanwhile and loses nothing")
 REDIRECT_FIX = "set url to the address the server redirects to"
+TLS_FIX = ("set tls_ca_file to the CA that signed the server's certificate (and make the url's "
+           "host one the certificate names), or use http:// for a server without TLS")
 REFUSED_FIX = ("see why the receiver refuses that event (its answer is quoted above); or set "
                "on_undeliverable = \"dead_letter\" to move it aside and stream on")
 
 
 class Verdict(NamedTuple):
-    kind: str                       # OK | RETRY | SETTINGS | REFUSED
+    kind: str                       # OK | RETRY | SETTINGS | REFUSED | UNTRUSTED
     reason: str                     # for logs and errors, never holding a credential
     fix: str = ""
     retry_after: Optional[float] = None
@@ -82,9 +86,9 @@ def transport_failure(error: BaseException, timeout: float) -> Verdict:
     if isinstance(error, asyncio.TimeoutError):
         return Verdict(RETRY, f"the webhook did not answer within {timeout:g} s (timeout)")
     text = str(error) or type(error).__name__
-    fix = ""
     lowered = text.lower()
-    if "certificate" in lowered or "ssl" in lowered:
-        fix = ("set tls_ca_file to the CA that signed the server's certificate, or use "
-               "http:// for a server without TLS")
+    if "certificate verify failed" in lowered:
+        return Verdict(UNTRUSTED, f"the webhook's TLS certificate does not verify: {text}",
+                       TLS_FIX)
+    fix = TLS_FIX if "certificate" in lowered or "ssl" in lowered else ""
     return Verdict(RETRY, f"cannot reach the webhook: {type(error).__name__}: {text}", fix)

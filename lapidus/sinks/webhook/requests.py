@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, Iterator, NamedTuple, Optional, Sequence
 
 from ...events import Record
 
@@ -63,7 +63,8 @@ class RequestBuilder:
             headers[SIGNATURE_HEADER] = signature(self.secret, body)
         return Request(first, len(records), body, headers)
 
-    def build(self, records: Sequence[Record], batch_size: int) -> List[Request]:
-        """The requests of one delivery, ``batch_size`` events each (the last one fewer)."""
-        return [self.one(records[i:i + batch_size], i)
-                for i in range(0, len(records), batch_size)]
+    def build(self, records: Sequence[Record], batch_size: int) -> Iterator[Request]:
+        """The requests of one delivery, ``batch_size`` events each (the last one fewer),
+        each built only when it is taken."""
+        for i in range(0, len(records), batch_size):
+            yield self.one(records[i:i + batch_size], i)
