@@ -41,9 +41,12 @@ class ChildHandle:
         self.fatal_reported = False
         self.restart_requested = False    # an operator asked for stop-then-start
         self.removed = False              # gone from the configuration after a reload
+        self.held_by_operator = False     # lapidusctl stop: not started with its lease
         self.stop_deadline = 0.0          # monotonic time after which a STOPPING child is killed
         self.killed = False               # SIGKILL sent to this process (reaped like any death)
         self.info: Dict[str, Any] = {}
+        # reports of kinds this handle does not know (the lease child's), handed on as they come
+        self.on_message: Optional[Callable[[str, dict], None]] = None
         self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
         # event counts of earlier processes of this backend, so exported counters never shrink
         self.counts_base: Dict[Tuple[str, str], int] = {}
@@ -104,6 +107,8 @@ class ChildHandle:
             elif kind == "error":
                 self.last_error = fields.get("message")
                 self.fatal_reported = bool(fields.get("fatal"))
+            elif self.on_message is not None:
+                self.on_message(kind, fields)
 
     def _sample_rate(self, events: Optional[int]) -> None:
         """Keep a minute of (time, events) samples for the events/s column."""
@@ -147,6 +152,13 @@ class ChildHandle:
             self.state = State.FATAL
             self.log.error("backend is FATAL; fix the problem and restart it",
                            error=self.last_error)
+            return
+        if code == exitcodes.LEASE_LOST:
+            # RUNNING -> STOPPED: another node holds this backend's lease now (cluster mode);
+            # the worker did nothing wrong, and starts again here only with a new lease
+            self.state = State.STOPPED
+            self.restart_requested = False
+            self.log.info("stopped: another node holds the lease", exit_code=code)
             return
         if code == exitcodes.LINK_LOST:
             # RUNNING/STARTING -> BACKOFF: its dispatcher went away, the worker did nothing

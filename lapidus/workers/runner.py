@@ -6,7 +6,9 @@ be reached (at start or mid-stream) is waited for here, for ever, in the WAITING
 ``max_inflight_batches`` batches are unconfirmed at any time; when the sinks are slow or down
 the worker stops reading its source (backpressure, nothing is dropped).  A checkpoint is saved
 only for positions whose batches every sink confirmed, at most every ``CHECKPOINT_EVERY`` seconds
-and always before a clean exit.
+and always before a clean exit.  In cluster mode the checkpoint lives in the cluster bucket
+(:mod:`lapidus.cluster.checkpoints`), and a refused write (another node holds the lease) ends
+the worker at once with ``exitcodes.LEASE_LOST``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from .. import exitcodes, logs
 from ..checkpoint import CheckpointStore
+from ..cluster.protocol import CheckpointUnavailable, LeaseLost
 from ..events import batch_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
@@ -62,13 +65,20 @@ class WorkerLoop:
     the process before it is told to stop.
     """
 
-    def __init__(self, backend, state_dir: Path, socket_path: str, status, log):
+    def __init__(self, backend, state_dir: Path, socket_path: str, status, log, lease=None):
         self.backend = backend
         self.state_dir = state_dir
         self.socket_path = socket_path
         self.status = status            # multiprocessing Connection to the supervisor
         self.log = log
-        self.store = CheckpointStore(state_dir)
+        self.gate = StopGate()
+        if lease is not None:
+            from ..cluster.checkpoints import FencedCheckpointStore
+            self.store = FencedCheckpointStore(lease, backend.name, log,
+                                               stopping=lambda: self.gate.stopping)
+        else:
+            self.store = CheckpointStore(state_dir)
+        self.unsaved_since: Optional[float] = None   # cluster: the bucket did not answer
         # (seq or None, checkpoint, commit time of the batch's first event or None)
         self.inflight: Deque[Tuple[Optional[int], Any, Optional[str]]] = collections.deque()
         self.confirmed: Any = None      # newest checkpoint whose events are all delivered
@@ -77,7 +87,6 @@ class WorkerLoop:
         self.seq = 0
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
-        self.gate = StopGate()
         self.backfills = Backfills(BackfillQueue(state_dir), log)
         # within the supervisor's stop_timeout, so a clean stop is never a SIGKILL
         self.drain_timeout = DRAIN_SECONDS
@@ -136,6 +145,13 @@ class WorkerLoop:
                 self._save(force=True, source=source)
                 link.close()
             return exitcodes.CHILD_OK
+        except LeaseLost as exc:
+            self.log.warning("another node holds this backend's lease now; stopping at once",
+                             reason=str(exc))
+            return exitcodes.LEASE_LOST
+        except CheckpointUnavailable as exc:     # only when told to stop while waiting
+            self.log.warning("stopped before the checkpoint could be read", error=str(exc))
+            return exitcodes.CHILD_OK
         except BackendError as exc:
             self.report("error", message=str(exc), fatal=exc.fatal)
             self.log.error("backend failed", error=str(exc), fatal=exc.fatal)
@@ -161,6 +177,8 @@ class WorkerLoop:
                     source.close()
             except Exception as exc:  # closing must not hide the original failure
                 self.log.warning("error while closing the source", error=str(exc))
+            if hasattr(self.store, "close"):
+                self.store.close()
 
     def _open(self, source: Source) -> bool:
         """Open ``source`` at the confirmed checkpoint, waiting out transient failures.
@@ -264,7 +282,21 @@ class WorkerLoop:
         now = time.monotonic()
         if not force and now - self.last_save < CHECKPOINT_EVERY:
             return
-        self.store.save(self.confirmed)
+        try:
+            self.store.save(self.confirmed)
+        except CheckpointUnavailable as exc:
+            # cluster mode: the position is saved again at the next chance; the lease decides
+            # whether this worker may go on meanwhile
+            self.last_save = now
+            if self.unsaved_since is None:
+                self.unsaved_since = now
+                self.log.warning("cannot save the checkpoint to the cluster bucket; retrying",
+                                 error=str(exc))
+            return
+        if self.unsaved_since is not None:
+            self.log.info("checkpoint saved to the cluster bucket again",
+                          after_seconds=round(now - self.unsaved_since, 1))
+            self.unsaved_since = None
         self.saved, self.last_save = self.confirmed, now
         source.commit(self.confirmed)
 
@@ -305,10 +337,12 @@ def _position_of(checkpoint: Any) -> Optional[str]:
 
 
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
-                parent_pid: int, status) -> None:
+                parent_pid: int, lease, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
 
-    ``status`` is the write end of the pipe to the supervisor (appended by ChildHandle.spawn).
+    ``lease`` is None, or in cluster mode the :class:`lapidus.cluster.protocol.WorkerLease`
+    this node holds for the backend.  ``status`` is the write end of the pipe to the
+    supervisor (appended by ChildHandle.spawn).
     """
     # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
@@ -319,7 +353,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     log = logs.get_logger(backend=backend.name)
     path = Path(state_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    loop = WorkerLoop(backend, path, socket_path, status, log)
+    loop = WorkerLoop(backend, path, socket_path, status, log, lease)
     signal.signal(signal.SIGTERM, loop.request_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:
