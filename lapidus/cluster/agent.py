@@ -44,6 +44,7 @@ from .protocol import (RENEW_EVERY, Grant, Lease, lease_key, node_key)
 
 TICK_MAX = 1.0          # seconds between reads of the bucket, at most
 RETRY_BUCKET = 2.0      # seconds between attempts to open or create the bucket
+RETRY_WRITE = 0.1       # seconds between attempts of one renewal (no stream leader yet ...)
 
 
 @dataclass
@@ -195,8 +196,27 @@ class LeaseAgent:
     async def _put_node(self) -> bool:
         value = orjson.dumps({"node": self.me, "max_backends": self.cluster.max_backends,
                               "pid": os.getpid()})
-        await self.kv.put(node_key(self.me), value)
+        await self._retrying(lambda: self.kv.put(node_key(self.me), value))
         return True
+
+    async def _retrying(self, write):
+        """``write()`` again while the bucket's stream has no leader to answer (an election
+        after a NATS server died: "no responders" comes back at once) or a reply is late,
+        until one renewal interval has passed; a compare-and-set refusal is final."""
+        import nats.errors
+        import nats.js.errors
+        give_up = time.monotonic() + self._request_timeout()
+        while True:
+            try:
+                return await write()
+            except nats.js.errors.KeyWrongLastSequenceError:
+                raise
+            except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError,
+                    nats.errors.TimeoutError, asyncio.TimeoutError,
+                    nats.js.errors.ServiceUnavailableError):
+                if time.monotonic() + RETRY_WRITE >= give_up:
+                    raise
+                await asyncio.sleep(RETRY_WRITE)
 
     async def _renew_one(self, backend: str) -> bool:
         import nats.js.errors
@@ -204,8 +224,8 @@ class LeaseAgent:
         lease = Lease(backend, self.me, held.epoch, held.revision,
                       held.handover_since is not None)
         try:
-            held.revision = await self.kv.update(lease_key(backend), lease.value(),
-                                                 last=held.revision)
+            held.revision = await self._retrying(lambda: self.kv.update(
+                lease_key(backend), lease.value(), last=held.revision))
             return True
         except nats.js.errors.KeyWrongLastSequenceError:
             pass

@@ -78,12 +78,19 @@ class FencedCheckpointStore:
         self._thread.join(CALL_TIMEOUT)
 
     def _call(self, coro) -> Any:
+        """Run ``coro`` in the store's loop; anything but a refusal (LeaseLost) that goes
+        wrong on the way (no answer, no stream leader during an election, a dropped
+        connection) is CheckpointUnavailable: nothing was saved, or nothing certain."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(CALL_TIMEOUT)
+        except LeaseLost:
+            raise
         except (TimeoutError, asyncio.TimeoutError):
             future.cancel()
             raise CheckpointUnavailable(f"no answer from NATS within {CALL_TIMEOUT:g}s") from None
+        except Exception as exc:
+            raise CheckpointUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     # -- in the store's own loop -----------------------------------------------------------
 

@@ -417,7 +417,8 @@ class Arbiter:
                                    "still running; killing it", backend=name)
                     handle.kill()
                 elif handle.state != State.STOPPING:
-                    handover = name in gate.grants
+                    grant = gate.grants.get(name)
+                    handover = grant is not None and not grant.run
                     self.log.warning("cluster: handing this backend over; stopping its worker"
                                      if handover else "cluster: the lease is not renewed; "
                                      "stopping the worker before it expires", backend=name)

@@ -1,108 +1,18 @@
-"""A private three-server NATS cluster on loopback, for the cluster-mode tests.
-
-Each server gets free client and route ports, routes to the other two and its own JetStream
-store under the test's temporary folder.  :meth:`NatsCluster.kill` / :meth:`start` take one
-server down and bring it back; everything is stopped, by pid, at the end (fixture
-``nats_cluster``).  Nothing here touches the shared nats-server on 4222.
-"""
+"""The ``nats_cluster`` fixture: a private three-server NATS cluster on loopback
+(:class:`bench.chaos.nats_cluster.NatsCluster`), stopped after the test."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-from pathlib import Path
-from typing import List, Optional
-
-import nats
 import pytest
 
-from tests.conftest import wait_until
-from tests.integration.nats_fixtures import NATS_SERVER, free_port, port_open
-
-
-class NatsCluster:
-    def __init__(self, folder: Path, size: int = 3):
-        self.folder = folder
-        self.client_ports = [free_port() for _ in range(size)]
-        self.route_ports = [free_port() for _ in range(size)]
-        self.procs: List[Optional[subprocess.Popen]] = [None] * size
-
-    @property
-    def urls(self) -> List[str]:
-        return [f"nats://127.0.0.1:{port}" for port in self.client_ports]
-
-    def _config(self, index: int) -> Path:
-        routes = ", ".join(f'"nats://127.0.0.1:{port}"' for i, port in
-                           enumerate(self.route_ports) if i != index)
-        path = self.folder / f"n{index}.conf"
-        store = self.folder / f"js{index}"
-        path.write_text(f"""
-server_name: n{index}
-listen: 127.0.0.1:{self.client_ports[index]}
-jetstream {{ store_dir: "{store}" }}
-cluster {{
-  name: lapidus-test
-  listen: 127.0.0.1:{self.route_ports[index]}
-  routes: [{routes}]
-}}
-""")
-        return path
-
-    def start(self, index: Optional[int] = None) -> None:
-        """Start every server (or one), and wait until JetStream answers through each."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        indexes = range(len(self.procs)) if index is None else [index]
-        for i in indexes:
-            log = open(self.folder / f"n{i}.log", "ab")
-            self.procs[i] = subprocess.Popen([NATS_SERVER, "-c", str(self._config(i))],
-                                             stdout=log, stderr=log)
-            log.close()
-        for i in indexes:
-            wait_until(lambda i=i: port_open(self.client_ports[i]), 30,
-                       message=f"nats-server n{i} listening")
-        wait_until(self.jetstream_ready, 60, message="the NATS cluster's JetStream ready")
-
-    def jetstream_ready(self) -> bool:
-        async def ping():
-            nc = await nats.connect(self.live_urls(), connect_timeout=1,
-                                    max_reconnect_attempts=1)
-            try:
-                await nc.jetstream(timeout=2).account_info()
-                return True
-            finally:
-                await nc.close()
-        try:
-            return asyncio.run(ping())
-        except Exception:
-            return False
-
-    def live_urls(self) -> List[str]:
-        return [url for url, proc in zip(self.urls, self.procs)
-                if proc is not None and proc.poll() is None]
-
-    def kill(self, index: int) -> None:
-        """SIGKILL one server (a crash: nothing flushed, no lame-duck mode)."""
-        proc = self.procs[index]
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        self.procs[index] = None
-
-    def stop(self) -> None:
-        for i, proc in enumerate(self.procs):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-            self.procs[i] = None
+from bench.chaos.nats_cluster import NatsCluster
 
 
 @pytest.fixture
 def nats_cluster(tmp_path):
     cluster = NatsCluster(tmp_path / "nats-cluster")
-    cluster.start()
-    yield cluster
-    cluster.stop()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,232 @@
+"""Cluster mode with real processes: a private three-server NATS cluster on loopback
+(``nats_cluster``), two or three Lapidus nodes as separate processes with their own state
+directories, MariaDB backends, and the JetStream sink (with Nats-Msg-Id dedup) into a
+three-replica stream of that cluster.
+
+* a ``kill -9`` of the node that streams a backend, in the middle of a load: another node
+  streams it within ``lease_ttl`` + 10 s, and every row is in the stream, each change once;
+* a ``kill -9`` of one NATS server of the three: no worker stops, nothing is lost;
+* a node cut off from NATS (a TCP proxy between it and the cluster goes down) stops its worker
+  before the other node starts it (asserted on the nodes' ownership logs);
+* a node that joins takes its share by hand-over, with nothing lost and no overlap.
+
+Every wait is on a condition with a deadline; the one bound asserted is the issue's contract
+(``lease_ttl`` + 10 s from the kill to the new owner's start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import List
+
+import nats
+import pytest
+
+from bench.chaos.cluster_nodes import ClusterNode, node_config, overlaps
+from tests.conftest import wait_until
+from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
+from tests.integration.outage_proxy import OutageProxy
+
+pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
+pytest_plugins = ["tests.integration.mysql_fixtures"]
+from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
+from tests.integration.sink_loads import (check_rows, expected_count, finish,  # noqa: E402
+                                          mariadb_load, mariadb_table)
+
+pytestmark = pytest.mark.integration
+
+LEASE_TTL = 4.0
+ROWS = 6000
+
+
+# -- the stream --------------------------------------------------------------------------------
+
+def _js(urls, action):
+    async def run():
+        nc = await nats.connect(urls, connect_timeout=2, max_reconnect_attempts=5,
+                                reconnect_time_wait=0.2)
+        try:
+            return await action(nc.jetstream(timeout=10))
+        finally:
+            await nc.close()
+    return asyncio.run(run())
+
+
+def create_stream(urls, prefix: str) -> str:
+    name = f"IT_{uuid.uuid4().hex[:10].upper()}"
+    _js(urls, lambda js: js.add_stream(name=name, subjects=[f"{prefix}.>"], num_replicas=3,
+                                       duplicate_window=120))
+    return name
+
+
+def stream_count(urls, name: str) -> int:
+    async def count(js):
+        return (await js.stream_info(name)).state.messages
+    try:
+        return _js(urls, count)
+    except Exception:
+        return -1         # a leader election under way
+
+
+def stream_events(urls, name: str) -> List[dict]:
+    async def read(js):
+        info = await js.stream_info(name)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(name, seq)
+            out.append(json.loads(msg.data))
+        return out
+    return _js(urls, read)
+
+
+def wait_stream(urls, name: str, count: int, timeout: float = 120.0) -> None:
+    wait_until(lambda: stream_count(urls, name) >= count, timeout,
+               message=f"{count} messages in {name} (has {stream_count(urls, name)})")
+
+
+def check_stream(urls, name: str, backends: List[str]) -> None:
+    """Every row of every backend, each change once in the stream itself (JetStream dropped
+    the repeats by Nats-Msg-Id) and in commit order per key."""
+    events = stream_events(urls, name)
+    ids = [event["id"] for event in events]
+    assert len(ids) == len(set(ids)), "an event is stored twice"
+    for backend in backends:
+        check_rows(events, backend, ROWS)
+
+
+# -- the nodes ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def nodes(tmp_path):
+    started: List[ClusterNode] = []
+
+    def start(name: str, servers, backends, sink_servers=None, **cluster) -> ClusterNode:
+        prefix, stream = cluster.pop("prefix"), cluster.pop("stream")
+        plugins = {"nats": {"servers": list(sink_servers or servers), "jetstream": True,
+                            "subject_prefix": prefix, "reconnect_time_wait": 0.2}}
+        cluster.setdefault("lease_ttl", LEASE_TTL)
+        config = node_config(name, tmp_path / name, servers, backends, plugins, **cluster)
+        node = ClusterNode(name, config, tmp_path / name)
+        node.stream = stream
+        node.start()
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop(20)
+
+
+def owner_of(nodes, backend: str):
+    streaming = [n for n in nodes if n.streams(backend)]
+    return streaming[0] if len(streaming) == 1 else None
+
+
+@pytest.fixture
+def setup(sql, nats_cluster):  # noqa: F811
+    mariadb_table(sql)
+    prefix = f"it{uuid.uuid4().hex[:8]}"
+    return prefix, create_stream(nats_cluster.urls, prefix)
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+def test_a_killed_owner_is_replaced_within_the_lease_and_every_row_is_stored_once(
+        nats_cluster, setup, nodes):  # noqa: F811
+    prefix, stream = setup
+    backends = [lapidus_backend("crm")]
+    urls = nats_cluster.urls
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a], "crm") is a, 30, message="node a streaming crm")
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: any(r.get("event") == "nats connected" and r.get("process") == "cluster"
+                           for r in b.records()), 30, message="node b connected")
+    load = mariadb_load(ROWS)
+    wait_stream(urls, stream, 1500)
+    killed_at = a.kill9()
+    started = wait_until(lambda: b.first_start_after("crm", killed_at), LEASE_TTL + 30,
+                         message=f"node b streaming crm; log:\n{b.log_tail()}")
+    assert started - killed_at <= LEASE_TTL + 10
+    finish(load)
+    wait_stream(urls, stream, expected_count(ROWS))
+    check_stream(urls, stream, ["crm"])
+    assert not overlaps([a, b])
+
+
+def test_one_nats_server_killed_stops_nothing(nats_cluster, setup, nodes):  # noqa: F811
+    prefix, stream = setup
+    backends = [lapidus_backend("crm"), lapidus_backend("shop")]
+    urls = nats_cluster.urls
+    # a NATS server's death costs its streams a leader election (seconds): a lease that
+    # outlasts it rides it out, which is what lease_ttl is for
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=12)
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=12)
+    wait_until(lambda: owner_of([a, b], "crm") and owner_of([a, b], "shop")
+               and owner_of([a, b], "crm") is not owner_of([a, b], "shop"), 60,
+               message="one backend on each node")
+    load = mariadb_load(ROWS)
+    wait_stream(urls, stream, 1000)
+    offsets = {node.name: node.log_size() for node in (a, b)}
+    nats_cluster.kill(0)
+    finish(load)
+    wait_stream(urls, stream, 2 * expected_count(ROWS), timeout=180)
+    check_stream(urls, stream, ["crm", "shop"])
+    for node in (a, b):
+        stops = [r for r in node.records_since(offsets[node.name]) if r.get("event") in (
+            "cluster: stopped streaming this backend here", "lease lost: another node holds "
+            "this backend now; its worker here is stopped")]
+        assert not stops, (node.name, stops)
+
+
+def test_a_node_cut_off_from_nats_stops_its_worker_before_another_starts_it(
+        nats_cluster, setup, nodes):  # noqa: F811
+    prefix, stream = setup
+    backends = [lapidus_backend("crm")]
+    urls = nats_cluster.urls
+    port = int(urls[0].rsplit(":", 1)[1])
+    proxy = OutageProxy(("127.0.0.1", port))
+    try:
+        through = [f"nats://{proxy.address}"]
+        a = nodes("a", through, backends, sink_servers=through, prefix=prefix, stream=stream,
+                  replicas=3)
+        wait_until(lambda: owner_of([a], "crm") is a, 30, message="node a streaming crm")
+        b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+        load = mariadb_load(ROWS)
+        wait_stream(urls, stream, 1500)
+        cut_at = time.time()
+        proxy.down()
+        wait_until(lambda: b.first_start_after("crm", cut_at), LEASE_TTL + 30,
+                   message=f"node b streaming crm; log:\n{b.log_tail()}")
+        finish(load)
+        wait_stream(urls, stream, expected_count(ROWS))
+        assert not a.started("crm"), "node a still streams crm"
+        assert not overlaps([a, b]), overlaps([a, b])
+        proxy.up()
+        check_stream(urls, stream, ["crm"])
+    finally:
+        proxy.close()
+
+
+def test_a_joining_node_takes_its_share_by_hand_over_with_nothing_lost(
+        nats_cluster, setup, nodes):  # noqa: F811
+    prefix, stream = setup
+    backends = [lapidus_backend("crm"), lapidus_backend("shop")]
+    urls = nats_cluster.urls
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a], "crm") is a and owner_of([a], "shop") is a, 30,
+               message="node a streaming both backends")
+    load = mariadb_load(ROWS)
+    wait_stream(urls, stream, 1500)
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a, b], "crm") and owner_of([a, b], "shop")
+               and owner_of([a, b], "crm") is not owner_of([a, b], "shop"), 60,
+               message=f"one backend on each node; log of a:\n{a.log_tail()}")
+    handed = [r for r in a.records() if r.get("event") == "lease released"]
+    assert [r["reason"] for r in handed] == ["handed over"]
+    finish(load)
+    wait_stream(urls, stream, 2 * expected_count(ROWS))
+    check_stream(urls, stream, ["crm", "shop"])
+    assert not overlaps([a, b]), overlaps([a, b])
