@@ -8,14 +8,11 @@ one by its pid.  Nothing here touches the shared nats-server on 4222.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 from pathlib import Path
 from typing import List, Optional
 
-import nats
-
-from .servers import NATS_SERVER, free_port, port_open
+from .servers import NATS_SERVER, free_port, jetstream_ready, port_open
 from .waiting import wait_for
 
 
@@ -63,18 +60,7 @@ cluster {{
         wait_for(self.jetstream_ready, 60, "the NATS cluster's JetStream ready")
 
     def jetstream_ready(self) -> bool:
-        async def ping():
-            nc = await nats.connect(self.live_urls(), connect_timeout=1,
-                                    max_reconnect_attempts=1)
-            try:
-                await nc.jetstream(timeout=2).account_info()
-                return True
-            finally:
-                await nc.close()
-        try:
-            return asyncio.run(ping())
-        except Exception:
-            return False
+        return jetstream_ready(self.live_urls())
 
     def live_urls(self) -> List[str]:
         return [url for url, proc in zip(self.urls, self.procs)

@@ -12,8 +12,9 @@ the lease since: :class:`LeaseLost`.  Every :meth:`save` is a compare-and-set on
 this worker's own previous write; a refusal is :class:`LeaseLost` too, unless the entry shows
 exactly this worker's own write (the server stored it, the reply was lost).
 
-A save that cannot reach NATS raises :class:`CheckpointUnavailable`: the worker keeps streaming
-and saves again later (its lease, renewed over another connection, decides whether it may go on;
+A save that cannot reach NATS raises :class:`CheckpointUnavailable` (at once while the
+connection is down; only the first connection is waited for, at most ``CALL_TIMEOUT``): the
+worker keeps streaming and saves again later (its lease, renewed over another connection, decides whether it may go on;
 the supervisor stops it when not).
 """
 
@@ -98,6 +99,10 @@ class FencedCheckpointStore:
         from ..sinks.nats.connection import Connection
         from ..sinks.nats.options import NatsOptions
         if self._kv is not None:
+            if not self._connection.ready:
+                # fail at once while reconnecting: a save must not hold the worker's loop up
+                # (the lease, renewed elsewhere, decides whether it may go on)
+                raise CheckpointUnavailable("not connected to NATS (reconnecting)")
             return self._kv
         if self._connection is None:
             cluster = self.lease.cluster
