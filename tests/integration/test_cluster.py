@@ -8,7 +8,9 @@ three-replica stream of that cluster.
 * a ``kill -9`` of one NATS server of the three: no worker stops, nothing is lost;
 * a node cut off from NATS (a TCP proxy between it and the cluster goes down) stops its worker
   before the other node starts it (asserted on the nodes' ownership logs);
-* a node that joins takes its share by hand-over, with nothing lost and no overlap.
+* a node that joins takes its share by hand-over, with nothing lost and no overlap;
+* a ``kill -9`` of a node's lease child: its worker stops before another node starts it;
+* the checkpoint's fencing, store against store: a stale owner's save is refused.
 
 Every wait is on a condition with a deadline; the one bound asserted is the issue's contract
 (``lease_ttl`` + 10 s from the kill to the new owner's start).
@@ -17,7 +19,10 @@ Every wait is on a condition with a deadline; the one bound asserted is the issu
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
+import signal
 import time
 import uuid
 from typing import List
@@ -26,8 +31,10 @@ import nats
 import pytest
 
 from bench.chaos.cluster_nodes import ClusterNode, node_config, overlaps
+from lapidus import logs
 from tests.conftest import wait_until
 from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
+from tests.integration.nats_fixtures import private_nats  # noqa: F401  (fixture)
 from tests.integration.outage_proxy import OutageProxy
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -230,3 +237,64 @@ def test_a_joining_node_takes_its_share_by_hand_over_with_nothing_lost(
     wait_stream(urls, stream, 2 * expected_count(ROWS))
     check_stream(urls, stream, ["crm", "shop"])
     assert not overlaps([a, b]), overlaps([a, b])
+
+
+def test_a_dead_lease_child_stops_its_workers_before_another_node_starts_them(
+        nats_cluster, setup, nodes):  # noqa: F811
+    prefix, stream = setup
+    backends = [lapidus_backend("crm")]
+    urls = nats_cluster.urls
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a], "crm") is a, 30, message="node a streaming crm")
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    load = mariadb_load(ROWS)
+    wait_stream(urls, stream, 1500)
+    child = a.find("lapidus:cluster")
+    killed_at = time.time()
+    os.kill(child, signal.SIGKILL)
+    a.wait_child("lapidus:cluster", other_than=child)          # restarted by the supervisor
+    wait_until(lambda: not a.started("crm") or b.streams("crm"), LEASE_TTL + 30,
+               message="crm stopped on node a")
+    finish(load)
+    wait_until(lambda: owner_of([a, b], "crm"), LEASE_TTL + 30, message="crm streaming again")
+    wait_stream(urls, stream, expected_count(ROWS))
+    check_stream(urls, stream, ["crm"])
+    assert not overlaps([a, b]), overlaps([a, b])
+    stops = [r for r in a.records() if r.get("event") == "cluster: stopped streaming this "
+             "backend here" and r["timestamp"] >= _stamp(killed_at)]
+    assert stops, "node a's worker never stopped after its lease child died"
+
+
+def _stamp(moment: float) -> str:
+    return datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_stale_owner_cannot_write_the_checkpoint_after_a_newer_one_claimed_it(private_nats):
+    """The fencing of checkpoints, store against store: epochs 5 (the old owner) and 9."""
+    from lapidus.cluster.checkpoints import FencedCheckpointStore
+    from lapidus.cluster.protocol import LeaseLost, WorkerLease
+    from lapidus.config.model import ClusterConfig
+
+    private_nats.start()
+    bucket = f"it_{uuid.uuid4().hex[:8]}"
+    _js([private_nats.url], lambda js: js.create_key_value(bucket=bucket))
+
+    def store(epoch: int, node: str) -> FencedCheckpointStore:
+        cluster = ClusterConfig(servers=(private_nats.url,), node=node, bucket=bucket)
+        return FencedCheckpointStore(WorkerLease(cluster, epoch), "crm", logs.get_logger())
+
+    old, new = store(5, "a"), store(9, "b")
+    try:
+        assert old.load() is None
+        old.save({"gtid": "0-1-10", "index": 0})
+        assert new.load() == {"gtid": "0-1-10", "index": 0}     # claimed with epoch 9
+        with pytest.raises(LeaseLost):
+            old.save({"gtid": "0-1-11", "index": 0})
+        new.save({"gtid": "0-1-12", "index": 0})
+        with pytest.raises(LeaseLost):
+            store(5, "a").load()                                 # a stale start is refused
+        assert store(9, "b").load() == {"gtid": "0-1-12", "index": 0}
+    finally:
+        old.close()
+        new.close()
