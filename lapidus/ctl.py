@@ -216,6 +216,13 @@ def format_status(status: dict, total: Optional[int] = None) -> str:
         if queued:
             lines.append(f"{b['name']}: backfills queued: " +
                          ", ".join(f"{r['n']} {r['table']}" for r in queued))
+    cluster = status.get("cluster")
+    if cluster:
+        elsewhere = sorted(f"{b['name']} ({b['owner']})" for b in status.get("backends", [])
+                           if b.get("owner") and b["owner"] != cluster.get("node"))
+        if elsewhere:
+            lines.append(f"streamed by other nodes: {', '.join(elsewhere)} "
+                         f"(lapidusctl cluster)")
     lines.append(summary_line(status.get("backends", []), total))
     return "\n".join(lines)
 

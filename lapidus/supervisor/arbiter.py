@@ -419,9 +419,10 @@ class Arbiter:
                 elif handle.state != State.STOPPING:
                     grant = gate.grants.get(name)
                     handover = grant is not None and not grant.run
-                    self.log.warning("cluster: handing this backend over; stopping its worker"
-                                     if handover else "cluster: the lease is not renewed; "
-                                     "stopping the worker before it expires", backend=name)
+                    self.log.warning(
+                        "cluster: handing this backend over; stopping its worker" if handover
+                        else "cluster: the lease is not renewed; stopping the worker in time",
+                        backend=name)
                     handle.restart_requested = False
                     timeout = self._stop_timeout() if handover else \
                         max(0.0, (kill_at or now) - now)
@@ -591,9 +592,10 @@ class Arbiter:
         from ..workers.snapshot.requests import BackfillQueue
         (handle,) = self._handles(request.get("backend") or "")
         if self.gate is not None:
-            return {"ok": False, "code": "unsupported", "error": "backfills are not available "
-                    "in cluster mode yet: the request would stay on this node while another "
-                    "may stream the backend; run the backfill on a Lapidus without [cluster]"}
+            return {"ok": False, "code": "unsupported", "error":
+                    "backfills are not available in cluster mode yet: the request would stay "
+                    "on this node while another may stream the backend; run the backfill on a "
+                    "Lapidus without [cluster]"}
         queue = BackfillQueue(Path(self.config.state_dir) / handle.name)
         table = request.get("table") or None
         if request.get("cancel"):

@@ -139,10 +139,10 @@ def setup(sql, nats_cluster):  # noqa: F811
     return prefix, create_stream(nats_cluster.urls, prefix)
 
 
-# -- the tests ---------------------------------------------------------------------------------
-
-def test_a_killed_owner_is_replaced_within_the_lease_and_every_row_is_stored_once(
-        nats_cluster, setup, nodes):  # noqa: F811
+def crm_on_a_then_b(nats_cluster, setup, nodes):  # noqa: F811
+    """Node a streams the one backend crm, node b runs beside it, a load is under way and
+    1,500 of its events are stored: the start of the takeover tests.  Returns a, b, the
+    load, the stream and the cluster's URLs."""
     prefix, stream = setup
     backends = [lapidus_backend("crm")]
     urls = nats_cluster.urls
@@ -153,6 +153,14 @@ def test_a_killed_owner_is_replaced_within_the_lease_and_every_row_is_stored_onc
                            for r in b.records()), 30, message="node b connected")
     load = mariadb_load(ROWS)
     wait_stream(urls, stream, 1500)
+    return a, b, load, stream, urls
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+def test_a_killed_owner_is_replaced_within_the_lease_and_every_row_is_stored_once(
+        nats_cluster, setup, nodes):  # noqa: F811
+    a, b, load, stream, urls = crm_on_a_then_b(nats_cluster, setup, nodes)
     killed_at = a.kill9()
     started = wait_until(lambda: b.first_start_after("crm", killed_at), LEASE_TTL + 30,
                          message=f"node b streaming crm; log:\n{b.log_tail()}")
@@ -241,14 +249,7 @@ def test_a_joining_node_takes_its_share_by_hand_over_with_nothing_lost(
 
 def test_a_dead_lease_child_stops_its_workers_before_another_node_starts_them(
         nats_cluster, setup, nodes):  # noqa: F811
-    prefix, stream = setup
-    backends = [lapidus_backend("crm")]
-    urls = nats_cluster.urls
-    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    wait_until(lambda: owner_of([a], "crm") is a, 30, message="node a streaming crm")
-    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    load = mariadb_load(ROWS)
-    wait_stream(urls, stream, 1500)
+    a, b, load, stream, urls = crm_on_a_then_b(nats_cluster, setup, nodes)
     child = a.find("lapidus:cluster")
     killed_at = time.time()
     os.kill(child, signal.SIGKILL)

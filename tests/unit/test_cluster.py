@@ -237,3 +237,10 @@ def test_lapidusctl_cluster_shows_nodes_leases_owners_and_hand_overs():
     assert lines[4].split() == ["n2", "live", "1", "1", "4"]
     assert lines[7].split() == ["crm", "n1", "held", "7", "0.4s", "yes"]
     assert lines[8].split() == ["shop", "n2", "handing", "over", "9", "1.0s", "no"]
+
+
+def test_lapidusctl_status_names_the_backends_other_nodes_stream():
+    from lapidus.ctl import format_status
+    rows = status(["RUNNING", "STOPPED"])
+    text = format_status(rows)
+    assert "streamed by other nodes: shop (n2) (lapidusctl cluster)" in text.splitlines()
