@@ -25,13 +25,16 @@ import threading
 import time
 from typing import Any, Optional
 
+import orjson
+
 from .protocol import (CheckpointUnavailable, LeaseLost, WorkerLease, checkpoint_key,
                        checkpoint_value, parse_checkpoint)
 
 CALL_TIMEOUT = 5.0          # seconds a single load or save may take
 LOAD_RETRY = 0.5
 
-__all__ = ["CheckpointUnavailable", "FencedCheckpointStore", "LeaseLost", "WorkerLease"]
+__all__ = ["CheckpointUnavailable", "FencedCheckpointStore", "LeaseLost", "SharedMarker",
+           "WorkerLease"]
 
 
 class FencedCheckpointStore:
@@ -67,6 +70,12 @@ class FencedCheckpointStore:
 
     def save(self, position: Any) -> None:
         self._call(self._write(position))
+
+    def marker(self, name: str) -> "SharedMarker":
+        """Another value of this backend in the bucket (``<name>.<backend>``), over the same
+        connection, for what a source keeps beside its checkpoint (MongoDB's first-start
+        position)."""
+        return SharedMarker(self, f"{name}.{self.backend}")
 
     def close(self) -> None:
         if self._connection is not None:
@@ -115,6 +124,23 @@ class FencedCheckpointStore:
         js = self._connection.nc.jetstream(timeout=CALL_TIMEOUT)
         self._kv = await js.key_value(self.lease.cluster.bucket)
         return self._kv
+
+    async def _get(self, key: str) -> Optional[Any]:
+        import nats.js.errors
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return orjson.loads(entry.value)["position"] if entry.value else None
+
+    async def _put(self, key: str, position: Any) -> None:
+        kv = await self._bucket()
+        await kv.put(key, orjson.dumps({"position": position}))
+
+    async def _delete(self, key: str) -> None:
+        kv = await self._bucket()
+        await kv.delete(key)
 
     async def _claim(self) -> Optional[Any]:
         import nats.js.errors
@@ -166,3 +192,34 @@ class FencedCheckpointStore:
         raise LeaseLost(f"the checkpoint was written by node {stored.get('node')} (epoch "
                         f"{stored.get('epoch')}); this node's lease (epoch {self.lease.epoch}) "
                         f"is gone")
+
+
+class SharedMarker:
+    """A value beside the checkpoint, in the bucket: ``load`` / ``save`` / ``clear`` like a
+    :class:`lapidus.checkpoint.CheckpointStore` (``path`` names the key, for log lines).  Not
+    fenced by itself: a source reads it only while the fenced checkpoint is still empty, and
+    only after its worker claimed that checkpoint for its epoch."""
+
+    def __init__(self, store: FencedCheckpointStore, key: str):
+        self.store = store
+        self.key = key
+        self.path = f"{store.lease.cluster.bucket}/{key}"
+
+    def load(self) -> Optional[Any]:
+        return self._call(self.store._get(self.key))
+
+    def save(self, position: Any) -> None:
+        self._call(self.store._put(self.key, position))
+
+    def clear(self) -> None:
+        self._call(self.store._delete(self.key))
+
+    def _call(self, coro) -> Any:
+        """A source calls this inside ``open`` and ``commit``: no answer from NATS is a
+        transient backend error there (the worker waits and opens the source again)."""
+        from ..workers.base import BackendError
+        try:
+            return self.store._call(coro)
+        except CheckpointUnavailable as exc:
+            raise BackendError(f"the cluster bucket did not answer ({exc}); trying again",
+                               fatal=False) from None

@@ -27,14 +27,11 @@ from .variables import _Expander
 
 #: the backend types whose whole resume position lives in the checkpoint, which cluster mode
 #: keeps in the bucket; the others would resume from files another node cannot read
-CLUSTER_TYPES = ("mysql",)
+CLUSTER_TYPES = ("mysql", "mongo")
 CLUSTER_REFUSALS = {
     "postgresql": "PostgreSQL backends cannot run in cluster mode yet: their resume position "
                   "is this host's spool, which another node cannot read; run them on a Lapidus "
                   "without [cluster] (or set enabled = false here)",
-    "mongo": "MongoDB backends cannot run in cluster mode yet: their first start is recorded "
-             "in a file of this host; run them on a Lapidus without [cluster] (or set "
-             "enabled = false here)",
 }
 MIN_LEASE_TTL = 3.0
 

@@ -123,6 +123,8 @@ class WorkerLoop:
         link = None
         try:
             source = make_source(self.backend, self.state_dir, self.log)
+            if not isinstance(self.store, CheckpointStore):
+                source.share_state(self.store)     # cluster mode
             checkpoint = self.store.load()
             self.saved = self.confirmed = checkpoint
             resumed = checkpoint is not None

@@ -1,6 +1,6 @@
 """Cluster mode with real processes: a private three-server NATS cluster on loopback
 (``nats_cluster``), two or three Lapidus nodes as separate processes with their own state
-directories, MariaDB backends, and the JetStream sink (with Nats-Msg-Id dedup) into a
+directories, MariaDB and MongoDB backends, and the JetStream sink (with Nats-Msg-Id dedup) into a
 three-replica stream of that cluster.
 
 * a ``kill -9`` of the node that streams a backend, in the middle of a load: another node
@@ -10,7 +10,9 @@ three-replica stream of that cluster.
   before the other node starts it (asserted on the nodes' ownership logs);
 * a node that joins takes its share by hand-over, with nothing lost and no overlap;
 * a ``kill -9`` of a node's lease child: its worker stops before another node starts it;
-* the checkpoint's fencing, store against store: a stale owner's save is refused.
+* the checkpoint's fencing, store against store: a stale owner's save is refused;
+* a MongoDB backend (SecantusDB) moves to the other node after a ``kill -9`` and resumes from
+  its resume token in the bucket, every document once.
 
 Every wait is on a condition with a deadline; the one bound asserted is the issue's contract
 (``lease_ttl`` + 10 s from the kill to the new owner's start).
@@ -23,6 +25,7 @@ import datetime
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from typing import List
@@ -37,8 +40,10 @@ from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
 from tests.integration.nats_fixtures import private_nats  # noqa: F401  (fixture)
 from tests.integration.outage_proxy import OutageProxy
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
-pytest_plugins = ["tests.integration.mysql_fixtures"]
+pytest.register_assert_rewrite("tests.integration.mysql_fixtures",
+                               "tests.integration.mongo_fixtures")
+pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.mongo_fixtures"]
+from tests.integration.mongo_fixtures import options_for  # noqa: E402
 from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
 from tests.integration.sink_loads import (check_rows, expected_count, finish,  # noqa: E402
                                           mariadb_load, mariadb_table)
@@ -133,10 +138,16 @@ def owner_of(nodes, backend: str):
 
 
 @pytest.fixture
-def setup(sql, nats_cluster):  # noqa: F811
-    mariadb_table(sql)
+def jetstream(nats_cluster):  # noqa: F811
+    """A subject prefix and a three-replica stream of the cluster capturing it."""
     prefix = f"it{uuid.uuid4().hex[:8]}"
     return prefix, create_stream(nats_cluster.urls, prefix)
+
+
+@pytest.fixture
+def setup(sql, jetstream):
+    mariadb_table(sql)
+    return jetstream
 
 
 def crm_on_a_then_b(nats_cluster, setup, nodes):  # noqa: F811
@@ -299,3 +310,36 @@ def test_a_stale_owner_cannot_write_the_checkpoint_after_a_newer_one_claimed_it(
     finally:
         old.close()
         new.close()
+
+
+def test_a_mongodb_backend_resumes_on_another_node_from_its_token_in_the_bucket(
+        nats_cluster, jetstream, nodes, mongo_process):  # noqa: F811
+    prefix, stream = jetstream
+    backends = [{"name": "docs", "type": "mongo", **options_for(mongo_process)}]
+    urls = nats_cluster.urls
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a], "docs") is a, 30, message="node a streaming docs")
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    documents = 3000
+
+    def write():
+        collection = mongo_process.db["items"]
+        for first in range(0, documents, 100):
+            collection.insert_many([{"_id": i, "v": 0} for i in range(first, first + 100)])
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    wait_stream(urls, stream, 500)
+    killed_at = a.kill9()
+    wait_until(lambda: b.first_start_after("docs", killed_at), LEASE_TTL + 30,
+               message=f"node b streaming docs; log:\n{b.log_tail()}")
+    writer.join(120)
+    assert not writer.is_alive()
+    wait_stream(urls, stream, documents)
+    events = stream_events(urls, stream)
+    assert len({e["id"] for e in events}) == len(events), "an event is stored twice"
+    assert sorted(e["item"]["_id"] for e in events if e["type"] == "insert") == list(
+        range(documents))
+    assert any(r.get("event") == "resuming from the checkpoint of another node"
+               for r in b.records())
+    assert not overlaps([a, b])
