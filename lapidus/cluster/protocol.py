@@ -102,11 +102,15 @@ class Grant:
 
 @dataclass(frozen=True)
 class WorkerLease:
-    """What a worker in cluster mode is started with: the cluster settings and the epoch of
-    the lease the node holds for its backend."""
+    """What a worker in cluster mode is started with: the cluster settings, the epoch of the
+    lease the node holds for its backend, and ``stop_at``: shared memory (a
+    ``multiprocessing`` RawValue of a double) where the supervisor keeps the monotonic time
+    by which the worker must have stopped; the worker sends no batch past it, so even a
+    worker whose supervisor froze goes quiet before another node may start."""
 
     cluster: Any          # lapidus.config.ClusterConfig
     epoch: int
+    stop_at: Any = None
 
 
 def checkpoint_value(epoch: int, node: str, position: Any) -> bytes:

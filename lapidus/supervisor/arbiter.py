@@ -90,6 +90,7 @@ class Arbiter:
         self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
         self.gate: Optional[ClusterGate] = None
+        self.stop_ats: Dict[str, object] = {}     # cluster: each worker's stop time, shared
         self.lease_child: Optional[ChildHandle] = None
         if config.cluster is not None:
             self.gate = ClusterGate(config.cluster, self.log.bind(child="cluster"))
@@ -313,7 +314,9 @@ class Arbiter:
             from ..cluster.protocol import WorkerLease
             epoch = self.gate.epoch(handle.name)
             assert epoch is not None, "a worker is started only with its lease"
-            lease = WorkerLease(self.config.cluster, epoch)
+            stop_at = self.ctx.RawValue("d", self.gate.stop_at(handle.name))
+            self.stop_ats[handle.name] = stop_at
+            lease = WorkerLease(self.config.cluster, epoch, stop_at)
             self.log.info("cluster: streaming this backend here", backend=handle.name,
                           epoch=epoch, node=self.config.cluster.node)
         handle.spawn(self.ctx, worker_main, (
@@ -408,6 +411,8 @@ class Arbiter:
             if handle.removed:
                 continue
             allowed = gate.may_run(name, now)
+            if name in self.stop_ats:
+                self.stop_ats[name].value = gate.stop_at(name)
             if handle.process is not None:
                 if allowed:
                     continue

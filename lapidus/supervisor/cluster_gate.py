@@ -51,6 +51,13 @@ class ClusterGate:
         grant = self.grants.get(backend)
         return grant is not None and grant.run and now < grant.stop_at(self.ttl)
 
+    def stop_at(self, backend: str) -> float:
+        """When a worker of ``backend`` must have stopped by the lease's timing (0.0: now,
+        the lease is lost).  A hand-over (``run`` false) is not a reason here: that worker
+        is stopped with SIGTERM, drains and saves its checkpoint."""
+        grant = self.grants.get(backend)
+        return grant.stop_at(self.ttl) if grant is not None else 0.0
+
     def epoch(self, backend: str) -> Optional[int]:
         grant = self.grants.get(backend)
         return grant.epoch if grant is not None else None

@@ -154,11 +154,11 @@ class ChildHandle:
                            error=self.last_error)
             return
         if code == exitcodes.LEASE_LOST:
-            # RUNNING -> STOPPED: another node holds this backend's lease now (cluster mode);
+            # RUNNING -> STOPPED: this node's lease is lost or ran out (cluster mode);
             # the worker did nothing wrong, and starts again here only with a new lease
             self.state = State.STOPPED
             self.restart_requested = False
-            self.log.info("stopped: another node holds the lease", exit_code=code)
+            self.log.info("stopped: the lease is not this node's any more", exit_code=code)
             return
         if code == exitcodes.LINK_LOST:
             # RUNNING/STARTING -> BACKOFF: its dispatcher went away, the worker did nothing

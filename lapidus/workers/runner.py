@@ -7,8 +7,8 @@ be reached (at start or mid-stream) is waited for here, for ever, in the WAITING
 the worker stops reading its source (backpressure, nothing is dropped).  A checkpoint is saved
 only for positions whose batches every sink confirmed, at most every ``CHECKPOINT_EVERY`` seconds
 and always before a clean exit.  In cluster mode the checkpoint lives in the cluster bucket
-(:mod:`lapidus.cluster.checkpoints`), and a refused write (another node holds the lease) ends
-the worker at once with ``exitcodes.LEASE_LOST``.
+(:mod:`lapidus.cluster.checkpoints`); a refused write (another node holds the lease) or a
+batch due past the lease's stop time ends the worker at once with ``exitcodes.LEASE_LOST``.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class WorkerLoop:
         else:
             self.store = CheckpointStore(state_dir)
         self.unsaved_since: Optional[float] = None   # cluster: the bucket did not answer
+        self.stop_at = lease.stop_at if lease is not None else None   # cluster: shared
         # (seq or None, checkpoint, commit time of the batch's first event or None)
         self.inflight: Deque[Tuple[Optional[int], Any, Optional[str]]] = collections.deque()
         self.confirmed: Any = None      # newest checkpoint whose events are all delivered
@@ -148,8 +149,8 @@ class WorkerLoop:
                 link.close()
             return exitcodes.CHILD_OK
         except LeaseLost as exc:
-            self.log.warning("another node holds this backend's lease now; stopping at once",
-                             reason=str(exc))
+            self.log.warning("this node does not hold this backend's lease any more; stopping "
+                             "at once", reason=str(exc))
             return exitcodes.LEASE_LOST
         except CheckpointUnavailable as exc:     # only when told to stop while waiting
             self.log.warning("stopped before the checkpoint could be read", error=str(exc))
@@ -234,6 +235,7 @@ class WorkerLoop:
                 batch = source.read(self.batch_size, 0.2)
                 if batch.checkpoint is not None:
                     if batch.events:
+                        self._check_lease()
                         self.seq += 1
                         link.send_batch(self.seq, batch_fields(batch.events))
                         self.events_sent += len(batch.events)
@@ -257,6 +259,13 @@ class WorkerLoop:
                              event_counts=self.event_counts,
                              lag_seconds=_age(self.oldest_unconfirmed_ts))
                 self.report("stats", **stats)
+
+    def _check_lease(self) -> None:
+        """Cluster mode: no batch goes out past the stop time the supervisor set (it moves
+        with every confirmed renewal); past it the worker ends as one whose lease is lost."""
+        if self.stop_at is not None and time.monotonic() >= self.stop_at.value:
+            raise LeaseLost("this node's lease was not renewed in time; stopping before it "
+                            "can expire")
 
     def _count(self, events) -> None:
         """Events per (schema.table, type) for /metrics: counted in C over the batch, then

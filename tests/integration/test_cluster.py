@@ -10,6 +10,7 @@ three-replica stream of that cluster.
   before the other node starts it (asserted on the nodes' ownership logs);
 * a node that joins takes its share by hand-over, with nothing lost and no overlap;
 * a ``kill -9`` of a node's lease child: its worker stops before another node starts it;
+* a node whose supervisor and lease child are frozen: its worker goes quiet by itself first;
 * the checkpoint's fencing, store against store: a stale owner's save is refused;
 * a MongoDB backend (SecantusDB) moves to the other node after a ``kill -9`` and resumes from
   its resume token in the bucket, every document once.
@@ -33,7 +34,7 @@ from typing import List
 import nats
 import pytest
 
-from bench.chaos.cluster_nodes import ClusterNode, node_config, overlaps
+from bench.chaos.cluster_nodes import ClusterNode, _when, node_config, overlaps
 from lapidus import logs
 from tests.conftest import wait_until
 from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
@@ -44,7 +45,8 @@ pytest.register_assert_rewrite("tests.integration.mysql_fixtures",
                                "tests.integration.mongo_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.mongo_fixtures"]
 from tests.integration.mongo_fixtures import options_for  # noqa: E402
-from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
+from tests.integration.mysql_fixtures import (DATABASE, lapidus_backend,  # noqa: E402
+                                              root_connection)
 from tests.integration.sink_loads import (check_rows, expected_count, finish,  # noqa: E402
                                           mariadb_load, mariadb_table)
 
@@ -343,3 +345,52 @@ def test_a_mongodb_backend_resumes_on_another_node_from_its_token_in_the_bucket(
     assert any(r.get("event") == "resuming from the checkpoint of another node"
                for r in b.records())
     assert not overlaps([a, b])
+
+
+def test_a_frozen_supervisor_and_lease_child_leave_the_worker_quiet_before_a_takeover(
+        nats_cluster, jetstream, sql, nodes):  # noqa: F811
+    """SIGSTOP of node a's supervisor and lease child while rows keep coming (the worker and
+    the dispatcher go on): nobody renews or enforces, so the worker must stop sending by
+    itself, at its lease's stop time, before node b may take the backend over."""
+    prefix, stream = jetstream
+    sql.run("CREATE TABLE t2 (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+    backends = [lapidus_backend("crm")]
+    urls = nats_cluster.urls
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    wait_until(lambda: owner_of([a], "crm") is a, 30, message="node a streaming crm")
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    stop = threading.Event()
+
+    def trickle():
+        conn = root_connection(database=DATABASE)
+        with conn.cursor() as cur:
+            while not stop.wait(0.02):
+                cur.execute("INSERT INTO t2 (v) VALUES (1)")
+        conn.close()
+
+    writer = threading.Thread(target=trickle, daemon=True)
+    writer.start()
+    frozen = [a.proc.pid, a.find("lapidus:cluster")]
+    try:
+        wait_stream(urls, stream, 100)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        started = wait_until(lambda: b.first_start_after("crm", frozen_at), LEASE_TTL + 30,
+                             message=f"node b streaming crm; log:\n{b.log_tail()}")
+        quiet = [r for r in a.records() if r.get("process") == "worker" and
+                 "lease was not renewed in time" in str(r.get("reason"))]
+        assert quiet, "node a's worker did not stop by itself"
+        assert _when(quiet[0]) < started
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        stop.set()
+        writer.join(10)
+    rows = sql.value("SELECT COUNT(*) FROM t2")
+    wait_stream(urls, stream, rows)
+    events = stream_events(urls, stream)
+    assert len({e["id"] for e in events}) == len(events), "an event is stored twice"
+    assert sorted(e["item"]["id"] for e in events) == list(range(1, rows + 1))
+    # (no overlaps() here: node a's frozen supervisor logs its worker's end only when it is
+    # thawed and reaps it; the worker's own record above is when it went quiet)
