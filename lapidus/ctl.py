@@ -15,7 +15,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import ctl_backfill, ctl_ddl, exitcodes
+from . import ctl_backfill, ctl_cluster, ctl_ddl, exitcodes
 from .control import ControlUnavailable, request
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = (
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument("--resend", action="store_true",
                       help="send them again through the running lapidus (same ids)")
     ctl_backfill.add_parser(sub)
+    ctl_cluster.add_parser(sub)
     ctl_ddl.add_parser(sub)
     slots = sub.add_parser("slots", help="Lapidus's PostgreSQL replication slots and their lag")
     slots.add_argument("--json", action="store_true", help="machine-readable output")
@@ -215,6 +216,13 @@ def format_status(status: dict, total: Optional[int] = None) -> str:
         if queued:
             lines.append(f"{b['name']}: backfills queued: " +
                          ", ".join(f"{r['n']} {r['table']}" for r in queued))
+    cluster = status.get("cluster")
+    if cluster:
+        elsewhere = sorted(f"{b['name']} ({b['owner']})" for b in status.get("backends", [])
+                           if b.get("owner") and b["owner"] != cluster.get("node"))
+        if elsewhere:
+            lines.append(f"streamed by other nodes: {', '.join(elsewhere)} "
+                         f"(lapidusctl cluster)")
     lines.append(summary_line(status.get("backends", []), total))
     return "\n".join(lines)
 
@@ -309,6 +317,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return ctl_ddl.install_ddl_capture_command(args)
     if args.command == "backfill":
         return ctl_backfill.backfill_command(args, socket_path)
+    if args.command == "cluster":
+        return ctl_cluster.cluster_command(args, socket_path)
     message = {"command": args.command}
     if args.command != "status":
         message["backend"] = getattr(args, "backend", None)

@@ -18,3 +18,4 @@ CHILD_ERROR = 1         # crashed: restart with backoff, counted against max_res
 CHILD_FATAL = 3         # retrying cannot help (configuration, credentials, server settings)
 OUTPUT_CLOSED = 4       # dispatcher: a sink's consumer went away for good (stdout | head)
 LINK_LOST = 5           # worker: its dispatcher went away; not a crash of the worker
+LEASE_LOST = 6          # worker: its lease is lost or ran out (cluster mode); not a crash

@@ -174,7 +174,8 @@ def restart_mariadb(timeout: float = 60.0) -> None:
 
 # -- NATS ---------------------------------------------------------------------------------------
 
-def jetstream_ready(url: str) -> bool:
+def jetstream_ready(url) -> bool:
+    """JetStream answers through ``url`` (one URL, or a list: any of them)."""
     async def ping() -> bool:
         nc = await nats.connect(url, connect_timeout=1, allow_reconnect=False)
         try:

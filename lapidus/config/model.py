@@ -80,6 +80,45 @@ class SupervisorConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: the NATS servers and bucket the nodes share, and this node's name.
+    ``repr`` masks the secrets (the cluster child and every worker receive this record)."""
+
+    servers: Tuple[str, ...]
+    node: str
+    bucket: str = "lapidus"
+    replicas: int = 1
+    lease_ttl: float = 15.0
+    max_backends: Optional[int] = None
+    user: Optional[str] = None
+    password: Optional[str] = None
+    token: Optional[str] = None
+    nkeys_seed: Optional[str] = None
+    credentials: Optional[str] = None
+    tls_ca_file: Optional[str] = None
+    tls_cert_file: Optional[str] = None
+    tls_key_file: Optional[str] = None
+    tls_hostname: Optional[str] = None
+
+    #: the keys that are handed to the NATS connection as they are (the nats plugin's names)
+    CONNECTION_KEYS = ("servers", "user", "password", "token", "nkeys_seed", "credentials",
+                       "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_hostname")
+
+    def connection_options(self) -> Dict[str, Any]:
+        """The nats plugin's options for the same connection (they are validated and turned
+        into a connection by the nats plugin's own code)."""
+        values = {key: getattr(self, key) for key in self.CONNECTION_KEYS}
+        values["servers"] = list(self.servers)
+        return {key: value for key, value in values.items() if value is not None}
+
+    def redacted(self) -> Dict[str, Any]:
+        return mask_secrets(dataclasses.asdict(self))
+
+    def __repr__(self) -> str:
+        return f"ClusterConfig({self.redacted()!r})"
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated configuration.  Frozen; build variants with :meth:`with_plugin`."""
 
@@ -91,6 +130,7 @@ class Config:
     backends: Tuple[BackendConfig, ...]
     plugins: Dict[str, Dict[str, Any]]          # global plugins: name -> options
     supervisor: SupervisorConfig = SupervisorConfig()
+    cluster: Optional[ClusterConfig] = None     # None: this node runs alone
     # Lines to show next to a valid configuration (``lapidus -t``): an unset secret that was
     # not checked.  Each names its key path, like a problem.
     warnings: Tuple[str, ...] = ()
@@ -143,6 +183,7 @@ class Config:
             "http": None if self.http is None else {
                 "listen": self.http.listen, **({"token": "***"} if self.http.token else {})},
             "supervisor": dataclasses.asdict(self.supervisor),
+            "cluster": None if self.cluster is None else self.cluster.redacted(),
             "plugins": mask_secrets(self.plugins),
             "backends": [{
                 "name": b.name,

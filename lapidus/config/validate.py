@@ -17,12 +17,23 @@ from typing import Any, List, Mapping, Optional
 from .. import settings as S
 from .backends import _BackendReader
 from .errors import ConfigError
-from .model import Config, ControlConfig, HttpConfig, LogConfig, SupervisorConfig
+from .model import (ClusterConfig, Config, ControlConfig, HttpConfig, LogConfig,
+                    SupervisorConfig)
 from .plugins import PluginValidator
 from .problems import _document_order
 from .secrets import _collect_secrets, _scrub
 from .tables import _Table
 from .variables import _Expander
+
+#: the backend types whose whole resume position lives in the checkpoint, which cluster mode
+#: keeps in the bucket; the others would resume from files another node cannot read
+CLUSTER_TYPES = ("mysql", "mongo")
+CLUSTER_REFUSALS = {
+    "postgresql": "PostgreSQL backends cannot run in cluster mode yet: their resume position "
+                  "is this host's spool, which another node cannot read; run them on a Lapidus "
+                  "without [cluster] (or set enabled = false here)",
+}
+MIN_LEASE_TTL = 3.0
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "<memory>",
@@ -82,10 +93,14 @@ class _Validator(_BackendReader, _Expander):
                                     dataclasses.replace(self.ctx, state_dir=state_dir))
         http = self.read_section(top, "http", S.HTTP) if top.values["http"] is not None else None
         supervisor = self.read_section(top, "supervisor", S.SUPERVISOR)
+        cluster = (self.read_section(top, "cluster", S.CLUSTER)
+                   if top.values["cluster"] is not None else None)
         self.check_socket(control)
         self.check_supervisor(supervisor)
         plugins = self.read_plugins(top.values["plugins"], "plugins") or {}
         backends = self.read_backends(top)
+        if cluster is not None:
+            self.check_cluster(cluster, backends)
 
         if self.problems:
             ordered = _document_order(self.problems, data)
@@ -99,6 +114,7 @@ class _Validator(_BackendReader, _Expander):
             backends=backends,
             plugins=plugins,
             supervisor=SupervisorConfig(**supervisor.values),
+            cluster=ClusterConfig(**cluster.values) if cluster is not None else None,
             warnings=tuple(_scrub(w, secrets) for w in _document_order(self.warnings, data)),
         )
 
@@ -110,6 +126,27 @@ class _Validator(_BackendReader, _Expander):
                    else "set control.socket to a shorter path (the default lies in state_dir)")
             self.problem("control.socket", f"the path is {len(os.fsencode(socket))} bytes "
                                            f"long, a Unix socket path allows 107; {how}")
+
+    def check_cluster(self, cluster: _Table, backends) -> None:
+        """The connection settings as the nats plugin judges them (URLs, credentials, TLS
+        files, nats-py installed), the lease's lower bound, and the backend types that can
+        move between nodes."""
+        from ..sinks.nats.options import validate as validate_nats
+        values = cluster.values
+        if values.get("servers") is not None and "servers" not in cluster.bad:
+            connection = {key: values[key] for key in ClusterConfig.CONNECTION_KEYS
+                          if values.get(key) is not None and key not in cluster.bad}
+            connection["servers"] = list(connection["servers"])
+            for key, message in validate_nats(connection):
+                self.problem(f"cluster.{key}" if key else "cluster", message)
+        ttl = values.get("lease_ttl")
+        if ttl is not None and ttl < MIN_LEASE_TTL:
+            self.problem("cluster.lease_ttl", f"must be at least {MIN_LEASE_TTL:g} seconds (it "
+                         f"is renewed every third of it), got {ttl:g}")
+        for index, backend in enumerate(backends):
+            if backend.type in CLUSTER_TYPES or not backend.options.get("enabled", True):
+                continue
+            self.problem(f"backends[{index}].type", CLUSTER_REFUSALS[backend.type])
 
     def check_supervisor(self, supervisor: _Table) -> None:
         low, high = supervisor.values.get("backoff_initial"), supervisor.values.get("backoff_max")

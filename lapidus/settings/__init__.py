@@ -17,7 +17,8 @@ The package only re-exports; each module has one job:
 * :mod:`.context`: what a kind or a derived default may look at; resolving paths.
 * :mod:`.kinds`: the kinds of values, each a check and a normalisation; :class:`Invalid`.
 * :mod:`.setting`: :class:`Setting` and :class:`Derived`, the declaration records.
-* :mod:`.sections`: the top level, ``[log]``, ``[control]``, ``[http]``, ``[supervisor]``.
+* :mod:`.sections`: the top level, ``[log]``, ``[control]``, ``[http]``, ``[supervisor]``,
+  ``[cluster]``.
 * :mod:`.backends`: ``[[backends]]``, common and per type, and the lookups over them.
 * :mod:`.messages`: how errors show values; did-you-mean suggestions.
 * :mod:`.secret_keys`: which keys hold secrets.
@@ -42,12 +43,13 @@ from .names import (
     SERVER_ID_MAX, SERVER_ID_MIN, SLOT_RE, derived_server_id, pg_identifier,
 )
 from .secret_keys import is_secret_key
-from .sections import CONTROL, HTTP, LOG, SECTIONS, SUPERVISOR, TOP_LEVEL
+from .sections import CLUSTER, CONTROL, HTTP, LOG, SECTIONS, SUPERVISOR, TOP_LEVEL
 from .setting import UNSET, Derived, Setting
 
 __all__ = [
     "BACKEND_COMMON", "BACKEND_TYPED", "BACKEND_TYPES", "BUILTIN_PLUGINS", "BackendList",
-    "BackendType", "Bool", "ByteSize", "CONTROL", "Choice", "Context", "DERIVED_SERVER_ID_MIN",
+    "BackendType", "Bool", "ByteSize", "CLUSTER", "CONTROL", "Choice", "Context",
+    "DERIVED_SERVER_ID_MIN",
     "DOC_BEGIN", "DOC_END", "Derived", "Globs", "HTTP", "Int", "Invalid", "Kind", "LOG",
     "Listen", "MONGO", "MY", "MongoUri", "NAME_RE", "PG", "PLUGIN_ALIASES", "PathKind",
     "Pattern", "Plugins", "SECTIONS", "SERVER_ID_MAX", "SERVER_ID_MIN", "SLOT_RE", "SQL",

@@ -11,7 +11,7 @@ from typing import List, Sequence
 from .backends import BACKEND_COMMON, backend_settings
 from .kinds import ByteSize
 from .names import BACKEND_TYPES, BUILTIN_PLUGINS, PLUGIN_ALIASES
-from .sections import CONTROL, HTTP, LOG, SUPERVISOR, TOP_LEVEL
+from .sections import CLUSTER, CONTROL, HTTP, LOG, SUPERVISOR, TOP_LEVEL
 from .setting import UNSET, Derived, Setting
 
 
@@ -70,6 +70,8 @@ def render_markdown() -> str:
     section("`[control]`", CONTROL)
     section("`[http]`", HTTP, "Leave the table out to serve no HTTP at all.")
     section("`[supervisor]`", SUPERVISOR)
+    section("`[cluster]`", CLUSTER, "Leave the table out to run alone; see "
+            "[cluster.md](cluster.md).")
     section("`[[backends]]`: every type", BACKEND_COMMON)
     for backend_type in BACKEND_TYPES:
         own = backend_settings(backend_type)[len(BACKEND_COMMON):]

@@ -16,6 +16,11 @@ The dispatcher has a restart policy of its own (backoff, never FATAL); a worker 
 dispatcher exits with ``exitcodes.LINK_LOST`` and starts again once a dispatcher runs, without
 a crash counted against its backend.
 
+Cluster mode (``[cluster]``, docs/cluster.md): a lease child (``lapidus:cluster``) holds the
+leases in NATS; a worker runs only while the :class:`ClusterGate` says its lease is held here
+and fresh, and is stopped, then killed, by this loop when it is not (whatever the lease child
+does meanwhile).
+
 Shutdown (SIGTERM/SIGINT): workers first (they stop reading, wait for their last batches to be
 confirmed and save their checkpoints), then the dispatcher; anything still alive after the stop
 timeout is killed with its whole process tree.  Exit 0.
@@ -37,6 +42,7 @@ from .. import exitcodes, logs
 from ..backoff import RestartPolicy
 from ..procutil import keep_files_private
 from ..workers.runner import worker_main
+from .cluster_gate import ClusterGate
 from .control_server import ControlServer, SocketInUse
 from .handles import ChildHandle
 from .http import HttpServer
@@ -84,6 +90,15 @@ class Arbiter:
         # a backoff that grows while it keeps dying.
         self.dispatcher = ChildHandle("dispatcher", RestartPolicy(
             10**9, 60.0, 0.2, 5.0), self.log.bind(child="dispatcher"))
+        self.gate: Optional[ClusterGate] = None
+        self.stop_ats: Dict[str, object] = {}     # cluster: each worker's stop time, shared
+        self.lease_child: Optional[ChildHandle] = None
+        if config.cluster is not None:
+            self.gate = ClusterGate(config.cluster, self.log.bind(child="cluster"))
+            self.lease_child = ChildHandle("cluster", RestartPolicy(
+                10**9, 60.0, 0.2, 5.0), self.log.bind(child="cluster"))
+            self.lease_child.on_message["leases"] = \
+                lambda fields: self.gate.on_message("leases", fields)
         self._lock_fd: Optional[int] = None
         self.notifier = Notifier()
         self.http = None
@@ -99,7 +114,7 @@ class Arbiter:
             "status": lambda _req: {"ok": True, **self.status()},
             "restart": self.cmd_restart, "stop": self.cmd_stop, "start": self.cmd_start,
             "resend_dead_letters": self.cmd_resend_dead_letters,
-            "backfill": self.cmd_backfill,
+            "backfill": self.cmd_backfill, "cluster": self.cmd_cluster,
         }, self.log)
 
     @property
@@ -185,13 +200,17 @@ class Arbiter:
         wakeup = self._install_signals()
         self.log.info("lapidus starting", backends=list(self.workers), pid=os.getpid())
         self._spawn_dispatcher()
-        for handle in self.workers.values():
-            self._spawn_worker(handle)
+        if self.lease_child is not None:
+            self._spawn_lease_child()       # workers start once their leases are held
+        else:
+            for handle in self.workers.values():
+                self._spawn_worker(handle)
         try:
             while True:
                 self._wait(wakeup)
                 self._handle_signals()
                 self._reap()
+                self._enforce_leases()
                 self._kill_stale()
                 self._kill_overdue_stops()
                 self._notify_systemd()
@@ -217,7 +236,8 @@ class Arbiter:
         return self.exit_code
 
     def _children(self) -> List[ChildHandle]:
-        return list(self.workers.values()) + [self.dispatcher]
+        extra = [self.lease_child] if self.lease_child is not None else []
+        return list(self.workers.values()) + [self.dispatcher] + extra
 
     def _wait(self, wakeup: int) -> None:
         """Poll everything the loop serves, at most until the next thing falls due."""
@@ -246,6 +266,9 @@ class Arbiter:
         due = [h.next_start for h in self._children() if h.state == State.BACKOFF]
         due += [h.stop_deadline for h in self._children() if h.state == State.STOPPING]
         due += [d for d in (listener.next_deadline() for listener in self.listeners) if d]
+        if self.gate is not None:
+            due += self.gate.deadlines(now, [n for n, h in self.workers.items()
+                                             if h.process is not None])
         if self.stopping:
             due.append(now + 0.1)
         return max(0.0, min([TICK] + [d - now for d in due]))
@@ -294,10 +317,20 @@ class Arbiter:
     def _spawn_worker(self, handle: ChildHandle) -> None:
         backend = self.backends[handle.name]
         state_dir = str(Path(self.config.state_dir) / backend.name)
+        lease = None
+        if self.gate is not None:
+            from ..cluster.protocol import WorkerLease
+            epoch = self.gate.epoch(handle.name)
+            assert epoch is not None, "a worker is started only with its lease"
+            stop_at = self.ctx.RawValue("d", self.gate.stop_at(handle.name))
+            self.stop_ats[handle.name] = stop_at
+            lease = WorkerLease(self.config.cluster, epoch, stop_at)
+            self.log.info("cluster: streaming this backend here", backend=handle.name,
+                          epoch=epoch, node=self.config.cluster.node)
         handle.spawn(self.ctx, worker_main, (
             backend.with_plugins(self.config.plugins_for(backend)), state_dir,
             self.socket_path, self.config.log.format, self.config.log.level,
-            float(self.config.supervisor.heartbeat_timeout), os.getpid()))
+            float(self.config.supervisor.heartbeat_timeout), os.getpid(), lease))
 
     def _spawn_dispatcher(self) -> None:
         # duplex: the status page asks it for the events of the backends it shows
@@ -306,15 +339,31 @@ class Arbiter:
         self.tail_view.dispatcher_started()
         self.dispatcher.state = State.RUNNING
 
+    def _spawn_lease_child(self) -> None:
+        from ..cluster.agent import cluster_main
+        assert self.lease_child is not None and self.gate is not None
+        inbox, outbox = self.ctx.Pipe(duplex=False)
+        names = [name for name, h in self.workers.items() if not h.removed]
+        self.lease_child.spawn(self.ctx, cluster_main, (
+            self.config.cluster, names, self.config.log.format, self.config.log.level,
+            os.getpid(), inbox))
+        inbox.close()       # the child holds its own copy
+        self.gate.outbox = outbox
+        self.lease_child.state = State.RUNNING
+
     def _reap(self) -> None:
         now = time.monotonic()
         for name, handle in list(self.workers.items()):
             code = handle.exited()
             if code is not None:
                 handle.on_exit(code, now)
+                if self.gate is not None:
+                    self.log.info("cluster: stopped streaming this backend here",
+                                  backend=name, node=self.config.cluster.node, exit_code=code)
             if handle.removed and handle.process is None:
                 del self.workers[name]
                 self.backends.pop(name, None)
+        self._reap_lease_child(now)
         code = self.dispatcher.exited()
         if code is None:
             return
@@ -337,15 +386,85 @@ class Arbiter:
             self.log.error("dispatcher died; restarting it after backoff", exit_code=code,
                            restart_in=round(delay, 2), restarts=self.dispatcher.restarts)
 
+    def _reap_lease_child(self, now: float) -> None:
+        """A dead lease child is started again after a backoff (never FATAL).  Its leases
+        are not renewed meanwhile: the gate's deadlines stop their workers in time."""
+        child = self.lease_child
+        if child is None:
+            return
+        code = child.exited()
+        if code is None:
+            return
+        child.receive()
+        child.process = None
+        assert self.gate is not None
+        self.gate.lost_child()
+        if self.stopping:
+            child.state = State.STOPPED
+            return
+        child.policy.record_crash(now)
+        delay = child.policy.delay()
+        child.restarts += 1
+        child.state = State.BACKOFF
+        child.next_start = now + delay
+        self.log.error("the lease child died; restarting it after backoff (the workers stop "
+                       "when their leases run out)", exit_code=code, restart_in=round(delay, 2))
+
+    def _enforce_leases(self) -> None:
+        """Cluster mode: stop what the leases no longer cover, kill what outlived its lease's
+        kill time, and mark for start what they newly cover."""
+        if self.gate is None:
+            return
+        gate = self.gate
+        now = time.monotonic()
+        for name, handle in self.workers.items():
+            if handle.removed:
+                continue
+            allowed = gate.may_run(name, now)
+            if name in self.stop_ats:
+                self.stop_ats[name].value = gate.stop_at(name)
+            if handle.process is not None:
+                if allowed:
+                    continue
+                kill_at = gate.kill_at(name)
+                if kill_at is not None and now >= kill_at and not handle.killed:
+                    self.log.error("cluster: the lease is about to expire and the worker is "
+                                   "still running; killing it", backend=name)
+                    handle.kill()
+                elif handle.state != State.STOPPING:
+                    grant = gate.grants.get(name)
+                    handover = grant is not None and not grant.run
+                    self.log.warning(
+                        "cluster: handing this backend over; stopping its worker" if handover
+                        else "cluster: the lease is not renewed; stopping the worker in time",
+                        backend=name)
+                    handle.restart_requested = False
+                    timeout = self._stop_timeout() if handover else \
+                        max(0.0, (kill_at or now) - now)
+                    handle.stop(timeout, now)
+            elif allowed:
+                if handle.state == State.STOPPED and not handle.restart_requested \
+                        and not handle.held_by_operator:
+                    handle.restart_requested = True     # started by _start_due
+            elif handle.state in (State.BACKOFF, State.STOPPED):
+                handle.state = State.STOPPED
+                handle.restart_requested = False
+        gate.tell([name for name, h in self.workers.items() if h.process is not None])
+
     def _start_due(self) -> None:
         now = time.monotonic()
         dispatcher = self.dispatcher
         if dispatcher.state == State.BACKOFF and now >= dispatcher.next_start:
             # BACKOFF -> RUNNING (the dispatcher has no READY of its own)
             self._spawn_dispatcher()
+        child = self.lease_child
+        if child is not None and child.state == State.BACKOFF and now >= child.next_start:
+            self._spawn_lease_child()
         if dispatcher.process is None:
             return   # a worker started now would only lose its link again
         for handle in self.workers.values():
+            if self.gate is not None and not self.gate.may_run(handle.name, now):
+                continue
             if handle.state == State.BACKOFF and now >= handle.next_start:
                 # BACKOFF -> STARTING
                 self._spawn_worker(handle)
@@ -381,15 +500,26 @@ class Arbiter:
                 if now >= self.stop_deadline + REAP_GRACE:
                     return True   # unkillable (D state): the finally block gives up on it
             return False
+        if self.gate is not None:
+            self.gate.tell([])          # every worker is gone: the leases may be released
+        child = self.lease_child
+        if child is not None and child.process is not None and child.state != State.STOPPING:
+            child.stop(1.0, now)
         dispatcher = self.dispatcher
         if dispatcher.process is None:
-            return True
+            if child is None or child.process is None:
+                return True
+            if now >= child.stop_deadline and not child.killed:
+                child.kill()
+            return now >= child.stop_deadline + REAP_GRACE
         if dispatcher.state != State.STOPPING:
             dispatcher.stop(1.0, now)
             self.dispatcher_deadline = now + 1.0
             return False
         if now >= self.dispatcher_deadline and not dispatcher.killed:
             dispatcher.kill()
+            if child is not None:
+                child.kill()
         return now >= self.dispatcher_deadline + REAP_GRACE
 
     def _kill_everything(self) -> None:
@@ -432,12 +562,14 @@ class Arbiter:
         handles = self._handles(request.get("backend") or "")
         for handle in handles:
             handle.restart_requested = False
+            handle.held_by_operator = True   # cluster mode: not started again with its lease
             handle.stop(self._stop_timeout())
         return {"ok": True, "stopped": [h.name for h in handles]}
 
     def cmd_start(self, request: dict) -> dict:
         handles = self._handles(request.get("backend") or "")
         for handle in handles:
+            handle.held_by_operator = False
             if handle.process is None:
                 # STOPPED/FATAL -> STARTING: the operator fixed the cause
                 handle.policy.reset()
@@ -474,6 +606,11 @@ class Arbiter:
         so its verdict shows in the status (``snapshot``, ``backfills``), not here."""
         from ..workers.snapshot.requests import BackfillQueue
         (handle,) = self._handles(request.get("backend") or "")
+        if self.gate is not None:
+            return {"ok": False, "code": "unsupported", "error":
+                    "backfills are not available in cluster mode yet: the request would stay "
+                    "on this node while another may stream the backend; run the backfill on a "
+                    "Lapidus without [cluster]"}
         queue = BackfillQueue(Path(self.config.state_dir) / handle.name)
         table = request.get("table") or None
         if request.get("cancel"):
@@ -512,6 +649,13 @@ class Arbiter:
             new = new.with_plugin("stdout")   # --stdout was given on the command line
         live = {name: self.backends[name] for name, h in self.workers.items() if not h.removed}
         plan = ReloadPlan.between(self.config, new, live)
+        if self.gate is not None and (plan.added or plan.removed or
+                                      new.cluster != self.config.cluster):
+            self.log.error("reload refused: in cluster mode the backends section and [cluster] "
+                           "change only when lapidus restarts (every node must run the same "
+                           "backends); still running the old configuration",
+                           added=sorted(plan.added), removed=sorted(plan.removed))
+            return
         for setting in plan.not_applied:
             self.log.warning("reload: this setting changes only when lapidus restarts; still "
                              "using the old value", setting=setting)
@@ -570,9 +714,31 @@ class Arbiter:
             if held.get(handle.name):
                 row["undeliverable"] = held[handle.name]   # {plugin: the event and why}
             row["dead_letters"] = dead.get(handle.name, 0)
+            if self.gate is not None:
+                row["owner"] = self.gate.owner(handle.name)
             backends.append(row)
-        return {"pid": os.getpid(), "config": self.config.source, "backends": backends,
-                "dispatcher": dispatcher}
+        out = {"pid": os.getpid(), "config": self.config.source, "backends": backends,
+               "dispatcher": dispatcher}
+        if self.gate is not None:
+            out["cluster"] = self.cluster_view()
+        return out
+
+    def cluster_view(self) -> dict:
+        """The lease child's view (nodes, leases, owners, hand-overs), and what this node
+        runs; ``{}`` parts while the lease child has not reported yet."""
+        assert self.gate is not None and self.lease_child is not None
+        view = dict(self.gate.view) or {"node": self.config.cluster.node, "nodes": [],
+                                         "leases": [], "connected": False}
+        view["running_here"] = sorted(n for n, h in self.workers.items()
+                                      if h.process is not None)
+        view["lease_child"] = self.lease_child.snapshot()
+        return view
+
+    def cmd_cluster(self, _request: dict) -> dict:
+        if self.gate is None:
+            return {"ok": False, "code": "not_clustered", "error": "this lapidus runs alone "
+                    "(its configuration has no [cluster])"}
+        return {"ok": True, **self.cluster_view()}
 
 
 def _dispatcher_main(*args) -> None:

@@ -89,8 +89,10 @@ class Pipeline:
                 continue  # its worker died; the restarted worker sends it again
             self.resend_after = False
             seq, records = self._merge_queued(seq, records)
-            await asyncio.gather(*(self._deliver(sink, name, records)
+            await asyncio.gather(*(self._deliver(sink, name, records, generation)
                                    for sink, name in zip(self.sinks, self.names)))
+            if generation != self.generation:
+                continue  # its worker went away while a sink was being retried
             self.delivered += len(records)
             if self.tail is not None:
                 self.tail.add(records)
@@ -139,12 +141,22 @@ class Pipeline:
                 out[name] = state
         return out
 
-    async def _deliver(self, sink: Sink, name: str, records) -> None:
+    async def _deliver(self, sink: Sink, name: str, records,
+                       generation: Optional[int] = None) -> None:
         """Send ``records`` to one sink until it confirms them all: failures are retried
         with backoff (same records, same order); an event the sink refuses for good is held
-        or moved to the dead letters (``on_undeliverable``, :mod:`.refusals`)."""
+        or moved to the dead letters (``on_undeliverable``, :mod:`.refusals`).
+
+        A batch of a worker connection (``generation``) is no longer retried once that worker
+        is gone: its restart sends it again from the checkpoint, and in cluster mode the
+        backend may stream on another node by then, which a late retry here would
+        interleave with (docs/cluster.md)."""
         retry, hold = Backoff(0.2, RETRY_MAX), Backoff(min(1.0, HOLD_RETRY_MAX), HOLD_RETRY_MAX)
         while True:
+            if generation is not None and generation != self.generation:
+                self.log.info("the batch's worker is gone; not retrying it", sink=name,
+                              events=len(records))
+                return
             try:
                 await sink.send(records)
                 self.failing.pop(name, None)

@@ -43,13 +43,14 @@ class ChildHandle:
         self.fatal_reported = False
         self.restart_requested = False    # an operator asked for stop-then-start
         self.removed = False              # gone from the configuration after a reload
+        self.held_by_operator = False     # lapidusctl stop: not started with its lease
         self.stop_deadline = 0.0          # monotonic time after which a STOPPING child is killed
         self.killed = False               # SIGKILL sent to this process (reaped like any death)
         self.info: Dict[str, Any] = {}
         self.rate_samples: Deque[Tuple[float, int]] = collections.deque()
         self.rate_history = RateHistory()     # the status page's chart
         # kind -> callback(fields) for messages beyond the ones handled here (the
-        # dispatcher's "tail" for the status page)
+        # dispatcher's "tail" for the status page, the lease child's "leases")
         self.on_message: Dict[str, Callable[[dict], None]] = {}
         # event counts of earlier processes of this backend, so exported counters never shrink
         self.counts_base: Dict[Tuple[str, str], int] = {}
@@ -176,6 +177,13 @@ class ChildHandle:
             self.state = State.FATAL
             self.log.error("backend is FATAL; fix the problem and restart it",
                            error=self.last_error)
+            return
+        if code == exitcodes.LEASE_LOST:
+            # RUNNING -> STOPPED: this node's lease is lost or ran out (cluster mode);
+            # the worker did nothing wrong, and starts again here only with a new lease
+            self.state = State.STOPPED
+            self.restart_requested = False
+            self.log.info("stopped: the lease is not this node's any more", exit_code=code)
             return
         if code == exitcodes.LINK_LOST:
             # RUNNING/STARTING -> BACKOFF: its dispatcher went away, the worker did nothing

@@ -140,14 +140,26 @@ class HttpServer(LoopListener):
 
 def healthz(status: dict) -> dict:
     """``ok`` only while every backend streams and none is held by a sink: the backends that
-    are not streaming (with what they wait for) and the failing sinks are listed."""
+    are not streaming (with what they wait for) and the failing sinks are listed.  In cluster
+    mode "every backend" is every backend another node does not hold (a backend nobody holds
+    counts: this node should take it), and a node without its connection to the cluster is
+    not ok."""
     down, waiting, failing = [], {}, {}
+    cluster = status.get("cluster")
+    me = cluster.get("node") if cluster else None
     for row in status["backends"]:
+        owner = row.get("owner")
+        if cluster is not None and owner is not None and owner != me:
+            continue
         if row["state"] != "RUNNING":
             down.append(row["name"])
         if row.get("waiting_for"):
             waiting[row["name"]] = row["waiting_for"]
         if row.get("sink_error"):
             failing[row["name"]] = row["sink_error"]
-    return {"ok": not down and not failing, "not_streaming": down, "waiting_for": waiting,
-            "sinks_failing": failing}
+    health = {"ok": not down and not failing, "not_streaming": down, "waiting_for": waiting,
+              "sinks_failing": failing}
+    if cluster is not None:
+        health["cluster_connected"] = bool(cluster.get("connected"))
+        health["ok"] = health["ok"] and health["cluster_connected"]
+    return health

@@ -74,6 +74,26 @@ def _websocket_metrics(f: Dict[str, "Family"], name: str, sink: str, state: dict
         f[metric].add(state.get(key) or 0, backend=name, sink=sink)
 
 
+def _cluster_metrics(f: Dict[str, "Family"], cluster) -> None:
+    """Ownership and lease renewal (docs/cluster.md); none for a Lapidus that runs alone."""
+    if not cluster:
+        return
+    me = cluster.get("node")
+    for lease in cluster.get("leases") or ():
+        owner = lease.get("owner")
+        live = owner is not None and not lease.get("expired")
+        f["lapidus_cluster_owned"].add(1 if live and owner == me else 0,
+                                       backend=lease["backend"])
+        if live:
+            f["lapidus_cluster_owner"].add(1, backend=lease["backend"], node=owner)
+    f["lapidus_cluster_lease_renewal_seconds"].add(cluster.get("renewal_seconds"), node=me)
+    f["lapidus_cluster_lease_renewal_failures_total"].add(cluster.get("renewal_failures") or 0,
+                                                          node=me)
+    f["lapidus_cluster_connected"].add(1 if cluster.get("connected") else 0, node=me)
+    f["lapidus_cluster_nodes_live"].add(sum(1 for n in cluster.get("nodes") or ()
+                                            if n.get("live")), node=me)
+
+
 def render(status: dict) -> str:
     """``status`` is :meth:`Arbiter.status`; returns the whole /metrics body."""
     f: Dict[str, Family] = {name: Family(name, kind, text) for name, kind, text in (
@@ -125,6 +145,18 @@ def render(status: dict) -> str:
          "Websocket connections refused at the handshake (token, origin, query, max_clients)."),
         ("lapidus_websocket_replay_events", "gauge",
          "Events in the backend's websocket replay window."),
+        ("lapidus_cluster_owned", "gauge",
+         "Cluster mode: 1 while this node holds the backend's lease, else 0."),
+        ("lapidus_cluster_owner", "gauge",
+         "Cluster mode: 1 for the node that holds the backend's lease, as this node sees it."),
+        ("lapidus_cluster_lease_renewal_seconds", "gauge",
+         "Cluster mode: how long this node's last round of lease renewals took."),
+        ("lapidus_cluster_lease_renewal_failures_total", "counter",
+         "Cluster mode: rounds of lease renewals in which one failed."),
+        ("lapidus_cluster_connected", "gauge",
+         "Cluster mode: 1 while the lease child is connected to NATS with the bucket open."),
+        ("lapidus_cluster_nodes_live", "gauge",
+         "Cluster mode: nodes whose record this node saw renewed within lease_ttl."),
     )}
     for b in status.get("backends", []):
         name = b["name"]
@@ -159,6 +191,7 @@ def render(status: dict) -> str:
                 0 if state["connected"] else (state.get("down_seconds") or 0),
                 backend=name, sink=sink)
             _websocket_metrics(f, name, sink, state)
+    _cluster_metrics(f, status.get("cluster"))
     dispatcher = status.get("dispatcher") or {}
     for backend, sinks in (dispatcher.get("sink_failing") or {}).items():
         for sink in sinks:

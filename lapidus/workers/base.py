@@ -97,6 +97,12 @@ class Source(abc.ABC):
         final stop releases (PostgreSQL keeps a temporary slot)."""
         self.close()
 
+    def share_state(self, store) -> None:
+        """Cluster mode: ``store`` (:class:`lapidus.cluster.checkpoints.FencedCheckpointStore`)
+        holds the checkpoint in the cluster bucket; a source that keeps anything else it
+        resumes from in its state directory moves it there (``store.marker(name)``), since the
+        next owner may run on another host.  Called before :meth:`open`."""
+
     # -- snapshots (docs/snapshots.md) ----------------------------------------------------
 
     #: the progress of the current or last snapshot run, put in the checkpoint as

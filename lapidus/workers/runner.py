@@ -6,7 +6,9 @@ be reached (at start or mid-stream) is waited for here, for ever, in the WAITING
 ``max_inflight_batches`` batches are unconfirmed at any time; when the sinks are slow or down
 the worker stops reading its source (backpressure, nothing is dropped).  A checkpoint is saved
 only for positions whose batches every sink confirmed, at most every ``CHECKPOINT_EVERY`` seconds
-and always before a clean exit.
+and always before a clean exit.  In cluster mode the checkpoint lives in the cluster bucket
+(:mod:`lapidus.cluster.checkpoints`); a refused write (another node holds the lease) or a
+batch due past the lease's stop time ends the worker at once with ``exitcodes.LEASE_LOST``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from .. import exitcodes, logs
 from ..checkpoint import CheckpointStore
+from ..cluster.protocol import CheckpointUnavailable, LeaseLost
 from ..events import batch_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
@@ -73,7 +76,7 @@ class WorkerLoop:
     """
 
     def __init__(self, backend, state_dir: Path, socket_path: str, status, log,
-                 heartbeat_timeout: float = 60.0):
+                 heartbeat_timeout: float = 60.0, lease=None):
         self.backend = backend
         self.state_dir = state_dir
         self.socket_path = socket_path
@@ -82,7 +85,15 @@ class WorkerLoop:
         self.quiet_report_every = max(STATUS_EVERY,
                                       min(QUIET_REPORT_EVERY, heartbeat_timeout / 4))
         self.log = log
-        self.store = CheckpointStore(state_dir)
+        self.gate = StopGate()
+        if lease is not None:
+            from ..cluster.checkpoints import FencedCheckpointStore
+            self.store = FencedCheckpointStore(lease, backend.name, log,
+                                               stopping=lambda: self.gate.stopping)
+        else:
+            self.store = CheckpointStore(state_dir)
+        self.unsaved_since: Optional[float] = None   # cluster: the bucket did not answer
+        self.stop_at = lease.stop_at if lease is not None else None   # cluster: shared
         # (seq or None, checkpoint, commit time of the batch's first event or None)
         self.inflight: Deque[Tuple[Optional[int], Any, Optional[str]]] = collections.deque()
         self.confirmed: Any = None      # newest checkpoint whose events are all delivered
@@ -91,7 +102,6 @@ class WorkerLoop:
         self.seq = 0
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
-        self.gate = StopGate()
         self.backfills = Backfills(BackfillQueue(state_dir), log)
         # within the supervisor's stop_timeout, so a clean stop is never a SIGKILL
         self.drain_timeout = DRAIN_SECONDS
@@ -128,6 +138,8 @@ class WorkerLoop:
         link = None
         try:
             source = make_source(self.backend, self.state_dir, self.log)
+            if not isinstance(self.store, CheckpointStore):
+                source.share_state(self.store)     # cluster mode
             checkpoint = self.store.load()
             self.saved = self.confirmed = checkpoint
             resumed = checkpoint is not None
@@ -149,6 +161,13 @@ class WorkerLoop:
                 self._drain(link)
                 self._save(force=True, source=source)
                 link.close()
+            return exitcodes.CHILD_OK
+        except LeaseLost as exc:
+            self.log.warning("this node does not hold this backend's lease any more; stopping "
+                             "at once", reason=str(exc))
+            return exitcodes.LEASE_LOST
+        except CheckpointUnavailable as exc:     # only when told to stop while waiting
+            self.log.warning("stopped before the checkpoint could be read", error=str(exc))
             return exitcodes.CHILD_OK
         except BackendError as exc:
             self.report("error", message=str(exc), fatal=exc.fatal)
@@ -175,6 +194,8 @@ class WorkerLoop:
                     source.close()
             except Exception as exc:  # closing must not hide the original failure
                 self.log.warning("error while closing the source", error=str(exc))
+            if hasattr(self.store, "close"):
+                self.store.close()
 
     def _open(self, source: Source) -> bool:
         """Open ``source`` at the confirmed checkpoint, waiting out transient failures.
@@ -231,6 +252,7 @@ class WorkerLoop:
                 batch = source.read(self.batch_size, READ_WAIT_IDLE if idle else READ_WAIT_BUSY)
                 if batch.checkpoint is not None:
                     if batch.events:
+                        self._check_lease()
                         self.seq += 1
                         link.send_batch(self.seq, batch_fields(batch.events))
                         self.events_sent += len(batch.events)
@@ -256,6 +278,13 @@ class WorkerLoop:
                 if stats != reported or now - last_report >= self.quiet_report_every:
                     self.report("stats", **stats)
                     reported, last_report = stats, now
+
+    def _check_lease(self) -> None:
+        """Cluster mode: no batch goes out past the stop time the supervisor set (it moves
+        with every confirmed renewal); past it the worker ends as one whose lease is lost."""
+        if self.stop_at is not None and time.monotonic() >= self.stop_at.value:
+            raise LeaseLost("this node's lease was not renewed in time; stopping before it "
+                            "can expire")
 
     def _count(self, events) -> None:
         """Events per (schema.table, type) for /metrics: counted in C over the batch, then
@@ -283,7 +312,21 @@ class WorkerLoop:
         now = time.monotonic()
         if not force and now - self.last_save < CHECKPOINT_EVERY:
             return
-        self.store.save(self.confirmed)
+        try:
+            self.store.save(self.confirmed)
+        except CheckpointUnavailable as exc:
+            # cluster mode: the position is saved again at the next chance; the lease decides
+            # whether this worker may go on meanwhile
+            self.last_save = now
+            if self.unsaved_since is None:
+                self.unsaved_since = now
+                self.log.warning("cannot save the checkpoint to the cluster bucket; retrying",
+                                 error=str(exc))
+            return
+        if self.unsaved_since is not None:
+            self.log.info("checkpoint saved to the cluster bucket again",
+                          after_seconds=round(now - self.unsaved_since, 1))
+            self.unsaved_since = None
         self.saved, self.last_save = self.confirmed, now
         source.commit(self.confirmed)
 
@@ -324,10 +367,12 @@ def _position_of(checkpoint: Any) -> Optional[str]:
 
 
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
-                heartbeat_timeout: float, parent_pid: int, status) -> None:
+                heartbeat_timeout: float, parent_pid: int, lease, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
 
-    ``status`` is the write end of the pipe to the supervisor (appended by ChildHandle.spawn).
+    ``lease`` is None, or in cluster mode the :class:`lapidus.cluster.protocol.WorkerLease`
+    this node holds for the backend.  ``status`` is the write end of the pipe to the
+    supervisor (appended by ChildHandle.spawn).
     """
     # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
@@ -338,7 +383,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     log = logs.get_logger(backend=backend.name)
     path = Path(state_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout)
+    loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout, lease)
     signal.signal(signal.SIGTERM, loop.request_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:

@@ -237,8 +237,8 @@ def test_backend_not_a_table():
 def test_unknown_top_level_key():
     assert problems(pg(), lgo={}) == ['lgo: unknown key (did you mean "log"?)']
     assert problems(pg(), zzz=1) == [
-        "zzz: unknown key (expected one of backends, control, http, log, plugins, state_dir, "
-        "supervisor)"]
+        "zzz: unknown key (expected one of backends, cluster, control, http, log, plugins, "
+        "state_dir, supervisor)"]
 
 
 def test_bad_values_in_sections():

@@ -151,3 +151,30 @@ def test_a_pipeline_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch):
 
     first, second = asyncio.run(run())
     assert first is second and len(made) == 1
+
+
+def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
+    """The worker's restart sends it again from its checkpoint; in cluster mode another node
+    may stream the backend by then, so a late retry here must not happen."""
+    class Failing(RecordingSink):
+        async def send(self, records):
+            self.deliveries.append(list(records))
+            raise ConnectionError("sink down")
+
+    async def run():
+        sink, writer = Failing(), RecordingWriter()
+        pipeline = Pipeline("crm", [sink], structlog.get_logger())
+        generation = pipeline.attach(writer)
+        pipeline.queue.put_nowait((generation, 1, ["a"]))
+        task = asyncio.create_task(pipeline.run())
+        while not sink.deliveries:
+            await asyncio.sleep(0.01)
+        pipeline.attach(None)                 # the worker's connection closed
+        await asyncio.sleep(0.5)              # longer than the first retry delay (0.2 s)
+        tries = len(sink.deliveries)
+        await asyncio.sleep(0.5)
+        task.cancel()
+        return tries, len(sink.deliveries), writer.acks(), pipeline.delivered
+
+    tries, later, acks, delivered = asyncio.run(run())
+    assert tries == later <= 2 and acks == [] and delivered == 0

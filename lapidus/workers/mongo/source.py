@@ -320,6 +320,11 @@ class MongoSource(Source):
                 f"{self.settings.where} does not have (before 6.0); use "
                 '"off" / "updateLookup" or upgrade the server', fatal=True)
 
+    def share_state(self, store) -> None:
+        """Cluster mode: the first-start position lives in the bucket, beside the checkpoint,
+        so the node that takes the backend over resumes from it too."""
+        self._first_start = store.marker("first-start")
+
     def _start_point(self, checkpoint: Optional[Any]) -> Optional[ResumePoint]:
         if checkpoint is not None:
             if self._first_start is not None and self._first_start.load() is not None:
