@@ -10,6 +10,7 @@ import pytest
 
 from lapidus.workers.base import BackendError
 from lapidus.workers.mysql import MysqlSource
+from lapidus.workers.mysql.source import FIRST_START_FILE
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -86,6 +87,23 @@ def test_first_start_begins_at_the_current_end(sql, open_source):
     sql.run("INSERT INTO items VALUES (2)", "INSERT INTO marker VALUES (1)")
     events = without_marker(read_to_marker(source)[0])
     assert [e.item for e in events] == [{"id": 2}]
+
+
+def test_a_worker_restarted_before_its_first_checkpoint_resumes_at_the_first_start(
+        sql, open_source, tmp_path):
+    """A restart before the first checkpoint (kill -9, a lost dispatcher) must not begin at
+    a new end of the binlog: the rows committed while the worker was down would be lost."""
+    sql.run("CREATE TABLE items (id INT PRIMARY KEY)", "CREATE TABLE marker (id INT)")
+    first = open_source()                      # started, then died before saving anything
+    first.close()
+    assert (tmp_path / "crm" / FIRST_START_FILE).exists()
+    sql.run("INSERT INTO items VALUES (1)", "INSERT INTO marker VALUES (1)")
+
+    again = open_source()                      # a new worker process: nothing in memory
+    events, checkpoint = read_to_marker(again)
+    assert [e.item for e in without_marker(events)] == [{"id": 1}]
+    again.commit(checkpoint)                   # the worker saved a real checkpoint
+    assert not (tmp_path / "crm" / FIRST_START_FILE).exists()
 
 
 def test_purged_binlog_is_a_fatal_error_naming_gtid_file_and_options(sql, open_source,

@@ -36,15 +36,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 from pymongo.errors import PyMongoError
 
-from ...checkpoint import CheckpointStore
 from ...events import Event
 from ...filters import TableFilter
 from ..base import BackendError, Batch, Source
+from ..first_start import FirstStart
 from ..snapshot.progress import RunAtOpen, SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from . import errors
@@ -98,9 +97,7 @@ class MongoSource(Source):
                             always=self.watermarks)
         self.pipeline: List[dict] = [match] if match else []
         self._client_factory = client_factory
-        self._first_start = (CheckpointStore(Path(state_dir), FIRST_START_FILE)
-                             if state_dir is not None else None)
-        self._first_start_pending = False
+        self.first_start = FirstStart(state_dir, FIRST_START_FILE, log)
         self._client = None
         self._stream = None
         self._mapper: Optional[ChangeMapper] = None
@@ -148,9 +145,8 @@ class MongoSource(Source):
         self._open_stream(point)
         # After the stream: the first chunk's window then opens on a stream that is running.
         self._prepare_snapshot(checkpoint)
-        if point is None and self._first_start is not None:
-            self._first_start.save(self._point.to_checkpoint())
-            self._first_start_pending = True
+        if point is None:
+            self.first_start.remember(self._point.to_checkpoint())
         self.log.info("mongo change stream opened", database=self.database or "*",
                       resumed=point is not None, position=self._point.position)
 
@@ -222,10 +218,7 @@ class MongoSource(Source):
         return self._batch(events)
 
     def commit(self, checkpoint: Any) -> None:
-        # The worker saved a real checkpoint: the first-start marker has done its job.
-        if self._first_start_pending and self._first_start is not None:
-            self._first_start.clear()
-            self._first_start_pending = False
+        self.first_start.settled()
 
     def status(self) -> dict:
         out = {
@@ -323,26 +316,19 @@ class MongoSource(Source):
     def share_state(self, store) -> None:
         """Cluster mode: the first-start position lives in the bucket, beside the checkpoint,
         so the node that takes the backend over resumes from it too."""
-        self._first_start = store.marker("first-start")
+        self.first_start.share(store)
 
     def _start_point(self, checkpoint: Optional[Any]) -> Optional[ResumePoint]:
-        if checkpoint is not None:
-            if self._first_start is not None and self._first_start.load() is not None:
-                self._first_start.clear()   # left over from a crash right after the first save
-            try:
-                return parse_checkpoint(checkpoint)
-            except ValueError as exc:
-                raise BackendError(
-                    f'backend "{self.settings.backend}": the saved checkpoint is not a MongoDB '
-                    f"resume point ({exc}); delete the backend's checkpoint to start from now",
-                    fatal=True) from None
-        marker = self._first_start.load() if self._first_start is not None else None
-        if marker is None:
-            return None
-        self._first_start_pending = True
-        self.log.info("mongo resuming from the first-start position (no checkpoint saved yet)",
-                      path=str(self._first_start.path))
-        return parse_checkpoint(marker)
+        marker = self.first_start.recall(checkpoint)
+        if checkpoint is None:
+            return parse_checkpoint(marker) if marker is not None else None
+        try:
+            return parse_checkpoint(checkpoint)
+        except ValueError as exc:
+            raise BackendError(
+                f'backend "{self.settings.backend}": the saved checkpoint is not a MongoDB '
+                f"resume point ({exc}); delete the backend's checkpoint to start from now",
+                fatal=True) from None
 
     def _open_stream(self, point: Optional[ResumePoint]):
         """(Re)open the stream at ``point`` (``None``: now); sets ``self._point``."""

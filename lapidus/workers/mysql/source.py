@@ -26,6 +26,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 import pymysql
 
 from ..base import RECOVER_LOST_POSITION, Batch, BackendError, Source
+from ..first_start import FirstStart
 from ..snapshot.progress import RunAtOpen, SnapshotProgress
 from ..snapshot.run import SnapshotRefused
 from .changes import ChangeStream
@@ -45,6 +46,7 @@ from .settings import settings_from
 from .snapshot import MysqlSnapshot, backfill_table, snapshot_tables
 
 RETENTION_CHECK_EVERY = 60.0
+FIRST_START_FILE = "mysql-first-start.json"
 CHECKPOINT_FILE = "checkpoint.json"      # lapidus.checkpoint.CheckpointStore's default name
 _JSON_CHECK = re.compile(r"^json_valid\(`((?:[^`]|``)+)`\)$", re.I)
 
@@ -104,7 +106,9 @@ class MysqlSource(Source):
         self._retention_cache: Dict[str, Any] = {}
         self._scope_checked = False
         self.scope_watch = ScopeWatch(log)
-        self._first_position: Any = None   # the checkpoint of the very first open
+        # where the very first open started, until a checkpoint is saved (a restart before
+        # that resumes there, not at a new end of the binlog: the changes between would be lost)
+        self.first_start = FirstStart(state_dir, FIRST_START_FILE, log)
         self._opened_at: Tuple[Optional[str], Optional[int]] = (None, None)
         self._settled = False
         # the snapshot's progress (None: no snapshot in this checkpoint's history) and, while
@@ -144,10 +148,11 @@ class MysqlSource(Source):
         mariadb = (s.flavor == "mariadb") if s.flavor else facts.mariadb
         self._flavor = MARIADB if mariadb else MYSQL
         gtid_mode = mariadb or (facts.variables.get("gtid_mode", "").upper() == "ON")
-        # A reopen before anything was confirmed starts where the first open did, not at a
-        # new end of the binlog: changes made in between would be skipped.
-        resume = self._parse_checkpoint(checkpoint if checkpoint is not None
-                                        else self._first_position)
+        # A reopen before anything was confirmed (a reconnect, a restarted worker) starts
+        # where the first open did, not at a new end of the binlog: changes made in between
+        # would be skipped.
+        marker = self.first_start.recall(checkpoint)
+        resume = self._parse_checkpoint(checkpoint if checkpoint is not None else marker)
         if resume is None:
             gtid, file, pos = self._current_end(gtid_mode)
         else:
@@ -166,8 +171,8 @@ class MysqlSource(Source):
         self._opened_at = (self._reader.log_file, self._reader.log_pos)
         self._settled = False
         self._prepare_snapshot(checkpoint)
-        if self._first_position is None:
-            self._first_position = self._changes.checkpoint().to_json()
+        if checkpoint is None and marker is None:
+            self.first_start.remember(self._changes.checkpoint().to_json())
         self.log.info("mysql stream open", position=self._changes.position,
                       resumed=resume is not None, flavor=self._flavor, server_id=s.server_id)
 
@@ -517,6 +522,10 @@ class MysqlSource(Source):
     def commit(self, checkpoint: Any) -> None:
         # Nothing to release on the server (a binlog reader holds no slot); kept for status.
         self._last_commit = checkpoint
+        self.first_start.settled()
+
+    def share_state(self, store) -> None:
+        self.first_start.share(store)
 
     def status(self) -> dict:
         out: Dict[str, Any] = {"server": self.settings.address,
