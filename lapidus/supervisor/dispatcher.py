@@ -21,7 +21,7 @@ from ..backoff import Backoff
 from ..events import Record
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
-from ..sinks.base import OutputClosed, Sink, UndeliverableError
+from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 from .refusals import RefusedEvents
 from .tail_ring import TailRing, TailWatch
@@ -57,11 +57,15 @@ class Pipeline:
         self.resend_after = False             # one was taken out while merging batches
         self.setup: tuple = ()                # Dispatcher._setup_of what made it
         self.tail: Optional[TailRing] = None  # while the status page watches (tail_ring)
+        # the last record delivered from the attached worker: what an empty batch at a
+        # boundary says the end of (_mark_boundary)
+        self.last_record: Optional[Record] = None
 
     def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
+        self.last_record = None
         kept = []
         while not self.queue.empty():
             item = self.queue.get_nowait()
@@ -88,15 +92,32 @@ class Pipeline:
                 continue  # its worker died; the restarted worker sends it again
             self.resend_after = False
             seq, records = self._merge_queued(seq, records)
-            await asyncio.gather(*(self._deliver(sink, name, records)
-                                   for sink, name in zip(self.sinks, self.names)))
-            self.delivered += len(records)
-            if self.tail is not None:
-                self.tail.add(records)
+            if records:
+                await asyncio.gather(*(self._deliver(sink, name, records)
+                                       for sink, name in zip(self.sinks, self.names)))
+                self.last_record = records[-1]
+                self.delivered += len(records)
+                if self.tail is not None:
+                    self.tail.add(records)
+            else:
+                await self._mark_boundary()
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
                 await self._resend()
+
+    async def _mark_boundary(self) -> None:
+        """An empty batch: the transaction of the last record delivered ended after it (the
+        worker read its COMMIT in a batch without events).  The sinks that apply whole
+        transactions get that record again, at the boundary (``Sink.wants_transaction_ends``);
+        the others nothing.  Without a last record (the batch it follows was of an earlier
+        connection) there is nothing to say it of."""
+        if self.last_record is None:
+            return
+        mark = Delivery((self.last_record,), True)
+        await asyncio.gather(*(self._deliver(sink, name, mark)
+                               for sink, name in zip(self.sinks, self.names)
+                               if sink.wants_transaction_ends))
 
     def _merge_queued(self, seq: int, records: list) -> tuple:
         """Append the batches queued behind this one (up to ``merge_up_to`` in all).
@@ -120,8 +141,9 @@ class Pipeline:
             if generation != self.generation:
                 continue
             if merged is None:
-                merged = list(records)
+                merged = Delivery(records)
             merged.extend(more)
+            merged.at_boundary = more.at_boundary
             seq = next_seq
         return seq, (records if merged is None else merged)
 
@@ -157,7 +179,8 @@ class Pipeline:
                 if rest is not None:
                     if not rest:
                         return
-                    records = rest
+                    # what is left ends where the delivery ends
+                    records = Delivery(rest, records.at_boundary)
                     continue
                 delay = hold.next()
             except Exception as exc:
@@ -172,7 +195,7 @@ class Pipeline:
         """Deliver the records of the resend file to every sink (refused ones go to the dead
         letters again), then delete it."""
         self.resend_queued = self.resend_after = False
-        records = self.refusals.to_resend()
+        records = Delivery(self.refusals.to_resend())
         if records:
             self.log.info("sending the dead letters again", events=len(records))
             await asyncio.gather(*(self._deliver(sink, name, records)
@@ -330,8 +353,8 @@ class Dispatcher:
                         pipeline = await self._pipeline_when_ready(payload)
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
-                        seq, fields = payload
-                        records = list(map(Record._make, fields))
+                        seq, fields, at_boundary = payload
+                        records = Delivery(map(Record._make, fields), at_boundary)
                         pipeline.queue.put_nowait((generation, seq, records))
         except asyncio.CancelledError:
             pass  # shutting down: the worker sees the connection close and stops or retries
