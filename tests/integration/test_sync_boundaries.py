@@ -146,11 +146,8 @@ def my_sync(sql, target_db, lapidus_factory):
 
 
 def my_connection():
-    from tests.integration.mysql_fixtures import DATABASE, root_connection
-    conn = root_connection()
-    conn.select_db(DATABASE)
-    conn.autocommit(False)
-    return conn
+    from tests.integration.mysql_fixtures import database_connection
+    return database_connection(autocommit=False)
 
 
 def test_mariadb_a_transaction_then_nothing_is_applied_at_once(sql, target_db,
