@@ -82,7 +82,7 @@ class Sink(abc.ABC):
     #: the sink reads :attr:`Delivery.at_boundary` (it applies whole source transactions):
     #: when a transaction's end comes after its last record (the batch ended right before
     #: the COMMIT, or the transaction's last rows were filtered out), the dispatcher gives
-    #: it that last record again, a replay with the same id, in a delivery at the boundary.
+    #: it the last record it confirmed again (a replay, same id) in a delivery at the boundary.
     #: Other sinks never get that replay.
     wants_transaction_ends: bool = False
 

@@ -57,15 +57,15 @@ class Pipeline:
         self.resend_after = False             # one was taken out while merging batches
         self.setup: tuple = ()                # Dispatcher._setup_of what made it
         self.tail: Optional[TailRing] = None  # while the status page watches (tail_ring)
-        # the last record delivered from the attached worker: what an empty batch at a
-        # boundary says the end of (_mark_boundary)
-        self.last_record: Optional[Record] = None
+        # per sink, the last record it confirmed from the attached worker (None: it set
+        # them all aside): what an empty batch at a boundary says the end of (_mark_boundary)
+        self.last_records: List[Optional[Record]] = []
 
     def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
-        self.last_record = None
+        self.last_records = []
         kept = []
         while not self.queue.empty():
             item = self.queue.get_nowait()
@@ -93,9 +93,9 @@ class Pipeline:
             self.resend_after = False
             seq, records = self._merge_queued(seq, records)
             if records:
-                await asyncio.gather(*(self._deliver(sink, name, records)
-                                       for sink, name in zip(self.sinks, self.names)))
-                self.last_record = records[-1]
+                self.last_records = await asyncio.gather(*(
+                    self._deliver(sink, name, records)
+                    for sink, name in zip(self.sinks, self.names)))
                 self.delivered += len(records)
                 if self.tail is not None:
                     self.tail.add(records)
@@ -109,15 +109,14 @@ class Pipeline:
     async def _mark_boundary(self) -> None:
         """An empty batch: the transaction of the last record delivered ended after it (the
         worker read its COMMIT in a batch without events).  The sinks that apply whole
-        transactions get that record again, at the boundary (``Sink.wants_transaction_ends``);
-        the others nothing.  Without a last record (the batch it follows was of an earlier
-        connection) there is nothing to say it of."""
-        if self.last_record is None:
-            return
-        mark = Delivery((self.last_record,), True)
-        await asyncio.gather(*(self._deliver(sink, name, mark)
-                               for sink, name in zip(self.sinks, self.names)
-                               if sink.wants_transaction_ends))
+        transactions get the last record they confirmed again, at the boundary
+        (``Sink.wants_transaction_ends``); the others nothing.  Without one (the batch it
+        follows was of an earlier connection, or all its records were set aside as dead
+        letters) there is nothing to say it of."""
+        await asyncio.gather(*(self._deliver(sink, name, Delivery((last,), True))
+                               for sink, name, last in zip(self.sinks, self.names,
+                                                           self.last_records)
+                               if sink.wants_transaction_ends and last is not None))
 
     def _merge_queued(self, seq: int, records: list) -> tuple:
         """Append the batches queued behind this one (up to ``merge_up_to`` in all).
@@ -160,7 +159,7 @@ class Pipeline:
                 out[name] = state
         return out
 
-    async def _deliver(self, sink: Sink, name: str, records) -> None:
+    async def _deliver(self, sink: Sink, name: str, records: Delivery) -> Optional[Record]:
         """Send ``records`` to one sink until it confirms them all: failures are retried
         with backoff (same records, same order); an event the sink refuses for good is held
         or moved to the dead letters (``on_undeliverable``, :mod:`.refusals`)."""
@@ -170,7 +169,7 @@ class Pipeline:
                 await sink.send(records)
                 self.failing.pop(name, None)
                 self.refusals.delivered(name)
-                return
+                return records[-1] if records else None
             except OutputClosed:
                 raise
             except UndeliverableError as exc:
@@ -178,7 +177,7 @@ class Pipeline:
                 rest = self.refusals.refused(name, records, exc)
                 if rest is not None:
                     if not rest:
-                        return
+                        return None
                     # what is left ends where the delivery ends
                     records = Delivery(rest, records.at_boundary)
                     continue

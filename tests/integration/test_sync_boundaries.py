@@ -18,6 +18,7 @@ it; the dispatcher's mark (the last record again, at the boundary) applies a hel
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Callable, NamedTuple
 
 import pytest
 
@@ -102,70 +103,56 @@ def arrive_whole(proc, connect, query, table, total=12, rows=40):
     return torn
 
 
-# -- PostgreSQL source -------------------------------------------------------------------
+# -- through the supervisor, from each source -------------------------------------------
 
-def pg_sync(pg_db, target_db, lapidus_factory):
-    pg_db.sql(TABLE.format(""), OTHER)
-    target_db.sql(TABLE.format(""))
-    proc = lapidus_factory({
-        "backends": [pg_backend(pg_db, decoder="pgoutput", batch_size=BATCH,
-                                exclude_tables=["other"])],
-        "plugins": sync_plugin(target_db)})
+class Synced(NamedTuple):
+    """A running Lapidus syncing a source's ``t`` into the target's ``table``: ``run``
+    commits statements as one source transaction, ``connect()`` gives a connection outside
+    autocommit, ``source_rows(sql)`` the source's rows."""
+
+    proc: Any
+    table: str
+    run: Callable
+    connect: Callable
+    source_rows: Callable
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def synced(request, target_db, lapidus_factory):
+    if request.param == "postgresql":
+        pg_db = request.getfixturevalue("pg_db")
+        pg_db.sql(TABLE.format(""), OTHER)
+        target_db.sql(TABLE.format(""))
+        backend = pg_backend(pg_db, decoder="pgoutput", batch_size=BATCH,
+                             exclude_tables=["other"])
+        synced = Synced(None, "t", lambda statements: pg_db.sql("BEGIN", *statements, "COMMIT"),
+                        transactions_on(pg_db), pg_db.sql)
+    else:
+        from tests.integration.mysql_fixtures import database_connection, lapidus_backend
+        sql = request.getfixturevalue("sql")
+        sql.run(TABLE.format(""), OTHER)
+        target_db.sql("CREATE SCHEMA crm", TABLE.format("crm."))
+        backend = lapidus_backend("crm", batch_size=BATCH, exclude_tables=["other"])
+        synced = Synced(None, "crm.t",
+                        lambda statements: sql.run("START TRANSACTION", *statements, "COMMIT"),
+                        lambda: database_connection(autocommit=False), sql.rows)
+    proc = lapidus_factory({"backends": [backend], "plugins": sync_plugin(target_db)})
     running(proc)
-    return proc
+    return synced._replace(proc=proc)
 
 
-def test_pg_a_transaction_then_nothing_is_applied_at_once(pg_db, target_db, lapidus_factory):
-    proc = pg_sync(pg_db, target_db, lapidus_factory)
+def test_a_transaction_then_nothing_is_applied_at_once(synced, target_db):
     each_arrives_without_a_later_write(
-        proc, lambda statements: pg_db.sql("BEGIN", *statements, "COMMIT"),
-        lambda tx: target_db.sql(f"SELECT count(*) FROM t WHERE tx = {tx}")[0][0])
+        synced.proc, synced.run,
+        lambda tx: target_db.sql(f"SELECT count(*) FROM {synced.table} WHERE tx = {tx}")[0][0])
     assert target_db.sql("SELECT count(*) FROM lapidus_sync_pending")[0][0] == 0
 
 
-def test_pg_transactions_larger_than_a_batch_are_never_half_visible(pg_db, target_db,
-                                                                   lapidus_factory):
-    proc = pg_sync(pg_db, target_db, lapidus_factory)
-    torn = arrive_whole(proc, transactions_on(pg_db), target_db.sql, "t")
+def test_transactions_larger_than_a_batch_are_never_half_visible(synced, target_db):
+    torn = arrive_whole(synced.proc, synced.connect, target_db.sql, synced.table)
     assert not torn, f"half a source transaction was visible: {torn[:5]}"
-    assert target_db.sql("SELECT t::text FROM t ORDER BY id") == \
-        pg_db.sql("SELECT t::text FROM t ORDER BY id")
-
-
-# -- MariaDB source ----------------------------------------------------------------------
-
-def my_sync(sql, target_db, lapidus_factory):
-    from tests.integration.mysql_fixtures import lapidus_backend
-    sql.run(TABLE.format(""), OTHER)
-    target_db.sql("CREATE SCHEMA crm", TABLE.format("crm."))
-    proc = lapidus_factory({
-        "backends": [lapidus_backend("crm", batch_size=BATCH, exclude_tables=["other"])],
-        "plugins": sync_plugin(target_db)})
-    running(proc)
-    return proc
-
-
-def my_connection():
-    from tests.integration.mysql_fixtures import database_connection
-    return database_connection(autocommit=False)
-
-
-def test_mariadb_a_transaction_then_nothing_is_applied_at_once(sql, target_db,
-                                                              lapidus_factory):
-    proc = my_sync(sql, target_db, lapidus_factory)
-    each_arrives_without_a_later_write(
-        proc, lambda statements: sql.run("START TRANSACTION", *statements, "COMMIT"),
-        lambda tx: target_db.sql(f"SELECT count(*) FROM crm.t WHERE tx = {tx}")[0][0])
-    assert target_db.sql("SELECT count(*) FROM lapidus_sync_pending")[0][0] == 0
-
-
-def test_mariadb_transactions_larger_than_a_batch_are_never_half_visible(sql, target_db,
-                                                                        lapidus_factory):
-    proc = my_sync(sql, target_db, lapidus_factory)
-    torn = arrive_whole(proc, my_connection, target_db.sql, "crm.t")
-    assert not torn, f"half a source transaction was visible: {torn[:5]}"
-    assert target_db.sql("SELECT id, v, tx FROM crm.t ORDER BY id") == \
-        sql.rows("SELECT id, v, tx FROM t ORDER BY id")
+    query = "SELECT id, v, tx FROM {} ORDER BY id"
+    assert target_db.sql(query.format(synced.table)) == synced.source_rows(query.format("t"))
 
 
 # -- the sink alone ----------------------------------------------------------------------

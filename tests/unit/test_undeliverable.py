@@ -73,6 +73,27 @@ def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_pa
     assert again == record(2, size=500)      # the exact bytes, to be sent again
 
 
+def test_a_boundary_after_a_dead_lettered_last_record_marks_the_one_before(tmp_path):
+    """The last record of a batch went to the dead letters; the end of its transaction (an
+    empty batch) gives the sink the last record it took, never the refused one again."""
+    path = tmp_path / "b" / deadletters.FILE
+
+    async def main():
+        sink, writer = RefusingSink(limit=100), RecordingWriter()
+        sink.wants_transaction_ends = True
+        pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["sync"],
+                            on_undeliverable="dead_letter", dead_letters=path)
+        generation = pipeline.attach(writer)
+        pipeline.queue.put_nowait((generation, 1, Delivery([record(1), record(2, size=500)])))
+        pipeline.queue.put_nowait((generation, 2, Delivery([], True)))
+        await run_until(lambda: writer.acks() == [1, 2], pipeline)
+        return sink
+
+    sink = asyncio.run(asyncio.wait_for(main(), 10))
+    assert sink.delivered == ["b:1", "b:1"]         # the mark: b:1 again, b:2 not
+    assert [head["id"] for head, _ in deadletters.read(path)] == ["b:2"]
+
+
 def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatcher_module, "HOLD_RETRY_MAX", 0.05)
 
