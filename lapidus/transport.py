@@ -8,8 +8,10 @@ connection per worker has a single writer; when a worker dies only its own conne
 Frame: 4-byte big-endian length, 1-byte kind, pickled payload.  Both ends are Lapidus processes
 of the same service user; the socket lives in a 0700 directory.
 
-* worker -> dispatcher: ``HELLO {"backend": name, "config": BackendConfig}``, ``BATCH (seq, [Record fields, ...])``
-  (plain tuples in :class:`lapidus.events.Record` order)
+* worker -> dispatcher: ``HELLO {"backend": name, "config": BackendConfig}``,
+  ``BATCH (seq, [Record fields, ...], at_boundary)`` (plain tuples in
+  :class:`lapidus.events.Record` order; ``at_boundary``: :class:`lapidus.workers.base.Batch`'s,
+  one bool per batch; an empty list with it true says that the last batch's transaction ended)
 * dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
 """
 
@@ -32,8 +34,8 @@ def pack(kind: int, payload: Any) -> bytes:
     return HEADER.pack(len(body), kind) + body
 
 
-def pack_batch(seq: int, records: list) -> bytes:
-    """``pack(BATCH, (seq, records))``, pickled without the memo (the pickler's fast mode).
+def pack_batch(seq: int, records: list, at_boundary: bool = False) -> bytes:
+    """``pack(BATCH, (seq, records, at_boundary))``, pickled without the memo (the pickler's fast mode).
 
     A batch is thousands of small strings and bytes, none of them shared and nothing
     referring to itself: the memo (a dict entry and a PUT for every object, so that a second
@@ -47,7 +49,7 @@ def pack_batch(seq: int, records: list) -> bytes:
     buffer.write(bytes(HEADER.size))        # the header, once the length is known
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.fast = True
-    pickler.dump((seq, records))
+    pickler.dump((seq, records, at_boundary))
     HEADER.pack_into(buffer.getbuffer(), 0, buffer.tell() - HEADER.size, BATCH)
     return buffer.getvalue()
 
@@ -95,9 +97,9 @@ class DispatcherLink:
             hello["config"] = config
         self.sock.sendall(pack(HELLO, hello))
 
-    def send_batch(self, seq: int, records: list) -> None:
+    def send_batch(self, seq: int, records: list, at_boundary: bool = False) -> None:
         try:
-            self.sock.sendall(pack_batch(seq, records))
+            self.sock.sendall(pack_batch(seq, records, at_boundary))
         except OSError as exc:
             raise LinkLost(f"dispatcher connection lost: {exc}") from None
 

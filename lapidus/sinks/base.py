@@ -9,9 +9,28 @@ from __future__ import annotations
 
 import abc
 import json
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 from ..events import Record
+
+
+class Delivery(list):
+    """The records one :meth:`Sink.send` is given: a list, and where it ends.
+
+    ``at_boundary`` is True when every record of it belongs to a source transaction whose end
+    the worker has read (its checkpoint then stands between transactions): no record that
+    comes later belongs to a transaction of this delivery.  False says nothing either way
+    (the last transaction may go on in the next delivery).  One flag per batch, set by the
+    source (:class:`lapidus.workers.base.Batch`) and carried by the worker's frame; a merged
+    delivery has its last batch's.  Sinks that apply whole transactions read it
+    (:attr:`Sink.wants_transaction_ends`); the others need not know it exists.
+    """
+
+    __slots__ = ("at_boundary",)
+
+    def __init__(self, records: Iterable[Record] = (), at_boundary: bool = False):
+        super().__init__(records)
+        self.at_boundary = at_boundary
 
 
 class SinkError(Exception):
@@ -43,10 +62,11 @@ class OutputClosed(Exception):
 class Sink(abc.ABC):
     """Delivers batches of records for one backend (or for all, when ``shared`` is true).
 
-    Contract: :meth:`send` returns only once every record of the batch is confirmed by the
-    destination (written and flushed, acknowledged by JetStream ...).  Returning is the
-    confirmation that lets the worker advance its checkpoint; raising means nothing in the batch
-    counts as delivered and the same batch will be sent again.
+    Contract: :meth:`send` is given a :class:`Delivery` of records and returns only once every
+    record of it is confirmed by the destination (written and flushed, acknowledged by
+    JetStream ...).  Returning is the confirmation that lets the worker advance its
+    checkpoint; raising means nothing in the batch counts as delivered and the same batch will
+    be sent again.
     """
 
     #: one instance serves every backend (stdout) instead of one per backend (nats); with
@@ -58,6 +78,13 @@ class Sink(abc.ABC):
     #: Off by default: a delivery confirms all of its records or none, and a sink that can
     #: stall partway (a pipe to a slow reader) confirms more, earlier, batch by batch.
     merge_batches: bool = False
+
+    #: the sink reads :attr:`Delivery.at_boundary` (it applies whole source transactions):
+    #: when a transaction's end comes after its last record (the batch ended right before
+    #: the COMMIT, or the transaction's last rows were filtered out), the dispatcher gives
+    #: it the last record it confirmed again (a replay, same id) in a delivery at the boundary.
+    #: Other sinks never get that replay.
+    wants_transaction_ends: bool = False
 
     @classmethod
     def share_key(cls, options: Mapping[str, Any]) -> str:

@@ -21,7 +21,7 @@ from ..backoff import Backoff
 from ..events import Record
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..sinks import registry
-from ..sinks.base import OutputClosed, Sink, UndeliverableError
+from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 from .refusals import RefusedEvents
 from .tail_ring import TailRing, TailWatch
@@ -58,11 +58,15 @@ class Pipeline:
         self.resend_after = False             # one was taken out while merging batches
         self.setup: tuple = ()                # Dispatcher._setup_of what made it
         self.tail: Optional[TailRing] = None  # while the status page watches (tail_ring)
+        # per sink, the last record it confirmed from the attached worker (None: it set
+        # them all aside): what an empty batch at a boundary says the end of (_mark_boundary)
+        self.last_records: List[Optional[Record]] = []
 
     def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
+        self.last_records = []
         kept = []
         while not self.queue.empty():
             item = self.queue.get_nowait()
@@ -89,17 +93,34 @@ class Pipeline:
                 continue  # its worker died; the restarted worker sends it again
             self.resend_after = False
             seq, records = self._merge_queued(seq, records)
-            await asyncio.gather(*(self._deliver(sink, name, records, generation)
-                                   for sink, name in zip(self.sinks, self.names)))
-            if generation != self.generation:
-                continue  # its worker went away while a sink was being retried
-            self.delivered += len(records)
-            if self.tail is not None:
-                self.tail.add(records)
+            if records:
+                confirmed = await asyncio.gather(*(
+                    self._deliver(sink, name, records, generation)
+                    for sink, name in zip(self.sinks, self.names)))
+                if generation != self.generation:
+                    continue  # its worker went away while a sink was being retried
+                self.last_records = confirmed
+                self.delivered += len(records)
+                if self.tail is not None:
+                    self.tail.add(records)
+            else:
+                await self._mark_boundary(generation)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
                 await self._resend()
+
+    async def _mark_boundary(self, generation: int) -> None:
+        """An empty batch: the transaction of the last record delivered ended after it (the
+        worker read its COMMIT in a batch without events).  The sinks that apply whole
+        transactions get the last record they confirmed again, at the boundary
+        (``Sink.wants_transaction_ends``); the others nothing.  Without one (the batch it
+        follows was of an earlier connection, or all its records were set aside as dead
+        letters) there is nothing to say it of."""
+        await asyncio.gather(*(self._deliver(sink, name, Delivery((last,), True), generation)
+                               for sink, name, last in zip(self.sinks, self.names,
+                                                           self.last_records)
+                               if sink.wants_transaction_ends and last is not None))
 
     def _merge_queued(self, seq: int, records: list) -> tuple:
         """Append the batches queued behind this one (up to ``merge_up_to`` in all).
@@ -123,8 +144,9 @@ class Pipeline:
             if generation != self.generation:
                 continue
             if merged is None:
-                merged = list(records)
+                merged = Delivery(records)
             merged.extend(more)
+            merged.at_boundary = more.at_boundary
             seq = next_seq
         return seq, (records if merged is None else merged)
 
@@ -141,8 +163,8 @@ class Pipeline:
                 out[name] = state
         return out
 
-    async def _deliver(self, sink: Sink, name: str, records,
-                       generation: Optional[int] = None) -> None:
+    async def _deliver(self, sink: Sink, name: str, records: Delivery,
+                       generation: Optional[int] = None) -> Optional[Record]:
         """Send ``records`` to one sink until it confirms them all: failures are retried
         with backoff (same records, same order); an event the sink refuses for good is held
         or moved to the dead letters (``on_undeliverable``, :mod:`.refusals`).
@@ -156,12 +178,12 @@ class Pipeline:
             if generation is not None and generation != self.generation:
                 self.log.info("the batch's worker is gone; not retrying it", sink=name,
                               events=len(records))
-                return
+                return None
             try:
                 await sink.send(records)
                 self.failing.pop(name, None)
                 self.refusals.delivered(name)
-                return
+                return records[-1] if records else None
             except OutputClosed:
                 raise
             except UndeliverableError as exc:
@@ -169,8 +191,9 @@ class Pipeline:
                 rest = self.refusals.refused(name, records, exc)
                 if rest is not None:
                     if not rest:
-                        return
-                    records = rest
+                        return None
+                    # what is left ends where the delivery ends
+                    records = Delivery(rest, records.at_boundary)
                     continue
                 delay = hold.next()
             except Exception as exc:
@@ -185,7 +208,7 @@ class Pipeline:
         """Deliver the records of the resend file to every sink (refused ones go to the dead
         letters again), then delete it."""
         self.resend_queued = self.resend_after = False
-        records = self.refusals.to_resend()
+        records = Delivery(self.refusals.to_resend())
         if records:
             self.log.info("sending the dead letters again", events=len(records))
             await asyncio.gather(*(self._deliver(sink, name, records)
@@ -343,11 +366,11 @@ class Dispatcher:
                         pipeline = await self._pipeline_when_ready(payload)
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
-                        seq, fields = payload
+                        seq, fields, at_boundary = payload
                         # tuple.__new__ rather than Record._make: half the cost (a classmethod
                         # call and a length check per event, as much as unpickling the batch);
                         # the fields come from a worker of this same build, in Record order
-                        records = [new_record(Record, f) for f in fields]
+                        records = Delivery([new_record(Record, f) for f in fields], at_boundary)
                         pipeline.queue.put_nowait((generation, seq, records))
         except asyncio.CancelledError:
             pass  # shutting down: the worker sees the connection close and stops or retries

@@ -47,10 +47,16 @@ class Batch:
     ``checkpoint`` is a JSON-serialisable value that is safe to persist once every event in
     this batch (and all earlier batches) has been confirmed by the sinks.  A batch may carry no
     events but a new checkpoint (for example after skipping filtered rows).
+
+    ``at_boundary``: every event read so far belongs to a source transaction whose end was
+    read (the checkpoint stands between transactions), so no later event joins a transaction
+    of this batch.  False when the source cannot tell or a transaction is open; a sink that
+    applies whole transactions then waits for a later batch (docs/sync.md).
     """
 
     events: List[Event] = field(default_factory=list)
     checkpoint: Any = None
+    at_boundary: bool = False
 
 
 class Source(abc.ABC):

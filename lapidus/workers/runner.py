@@ -100,6 +100,9 @@ class WorkerLoop:
         self.saved: Any = None
         self.last_save = 0.0
         self.seq = 0
+        # the last batch sent ended inside a transaction (not at_boundary): its end, when it
+        # comes in a batch without events, is sent as an empty batch (_loop)
+        self.open_tail = False
         self.events_sent = 0
         self.event_counts: dict = {}   # (schema.table, type) -> events, for /metrics
         self.backfills = Backfills(BackfillQueue(state_dir), log)
@@ -236,6 +239,9 @@ class WorkerLoop:
         self._drain(link)
         self._save(force=True, source=source)
         self.inflight.clear()
+        # the source reads again from the confirmed checkpoint: an end it reads now belongs
+        # to what it sends again, not to the last batch sent
+        self.open_tail = False
         source.suspend()
 
     def _loop(self, source: Source, link: DispatcherLink) -> None:
@@ -254,10 +260,19 @@ class WorkerLoop:
                     if batch.events:
                         self._check_lease()
                         self.seq += 1
-                        link.send_batch(self.seq, batch_fields(batch.events))
+                        link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary)
+                        self.open_tail = not batch.at_boundary
                         self.events_sent += len(batch.events)
                         self._count(batch.events)
                         self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))
+                    elif batch.at_boundary and self.open_tail:
+                        # the last batch's transaction ended after its last event (a COMMIT,
+                        # rows filtered out): an empty batch says so, or a sink that applies
+                        # whole transactions would wait for the next one
+                        self.seq += 1
+                        link.send_batch(self.seq, [], True)
+                        self.open_tail = False
+                        self.inflight.append((self.seq, batch.checkpoint, None))
                     elif self.inflight:
                         self.inflight.append((None, batch.checkpoint, None))
                     else:

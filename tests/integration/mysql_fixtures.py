@@ -50,6 +50,15 @@ def root_connection(**extra: Any) -> pymysql.connections.Connection:
                            autocommit=True, charset="utf8mb4", **extra)
 
 
+def database_connection(autocommit: bool = True) -> pymysql.connections.Connection:
+    """A root connection in this session's test database (outside autocommit with
+    ``autocommit=False``: a source writer's, committing its own transactions)."""
+    conn = root_connection()
+    conn.select_db(DATABASE)
+    conn.autocommit(autocommit)
+    return conn
+
+
 class Sql:
     """A root connection for driving the server in tests."""
 

@@ -2,9 +2,9 @@
 a throw-away target database, the plugin entry, waits with the supervisor's status in the
 failure message, and the writer and trigger of the exactly-once tests.
 
-Every wait is on a condition with a deadline.  Source transactions become visible in the
-target once a later transaction shows they are complete (docs/sync.md), so a test ends its
-load with a sentinel row and one more write after it.
+Every wait is on a condition with a deadline.  A test ends its load with a sentinel row and
+waits for it in the target: the worker reads where each source transaction ends, so the last
+one is applied without a later write (docs/sync.md; tests/integration/test_sync_boundaries.py).
 """
 
 from __future__ import annotations

@@ -95,11 +95,8 @@ def change_at_random(cur, rnd, top, label):
 
 def connection(autocommit=True):
     """A root connection to this session's test database."""
-    from tests.integration.mysql_fixtures import root_connection
-    conn = root_connection()
-    conn.select_db(database())
-    conn.autocommit(autocommit)
-    return conn
+    from tests.integration.mysql_fixtures import database_connection
+    return database_connection(autocommit)
 
 
 class MyWriter(LoadThread):
@@ -124,17 +121,17 @@ def backend(**options):
 
 
 def finish(proc, sql, target, sentinel_sql, table="crm.t", timeout=60):
-    """The sentinel row (-1), then a write that shows its transaction is complete."""
-    sql.run(sentinel_sql, "INSERT INTO flush SELECT coalesce(max(id), 0) + 1 FROM flush")
+    """The sentinel row (-1), awaited in the target with nothing written after it."""
+    sql.run(sentinel_sql)
     until(proc, lambda: has_row(target, table, -1), timeout, "the sentinel in the target")
 
 
 def test_snapshot_under_a_writer_and_a_kill_of_the_worker_gives_an_exact_replica(
         sql, target_db, lapidus_factory):
-    sql.run(MY_TABLE, "CREATE TABLE flush (id INT PRIMARY KEY)", "SET time_zone = '+00:00'",
+    sql.run(MY_TABLE, "SET time_zone = '+00:00'",
             "INSERT INTO t (id) VALUES (0)")                        # a row of NULLs
     fill(sql, 1, 20000)
-    target_db.sql("CREATE SCHEMA crm", PG_TABLE)    # "flush" is created by create_tables
+    target_db.sql("CREATE SCHEMA crm", PG_TABLE)
     writer = MyWriter(20000)
     writer.start()
     try:
@@ -163,7 +160,6 @@ def test_a_kill_of_the_worker_mid_snapshot_applies_no_row_twice(
     PostgreSQL target skips: the trigger counts each row once.  (The shared server's other
     writers move the position now and then: how many groups there are is not asserted.)"""
     sql.run("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20), version INT NOT NULL DEFAULT 0)",
-            "CREATE TABLE flush (id INT PRIMARY KEY)",
             "INSERT INTO t (id, v) SELECT seq, CONCAT('r', seq) FROM seq_1_to_25000")
     target_db.sql("CREATE SCHEMA crm", "CREATE TABLE crm.t (id int PRIMARY KEY, v text, "
                   "version int NOT NULL DEFAULT 0)", TRIGGER.format(table="crm.t"))
@@ -187,7 +183,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
         sql, target_db, lapidus_factory):
     table = "CREATE TABLE {}t (id INT PRIMARY KEY, v TEXT, n {}, tx INT, " \
             "version INT NOT NULL DEFAULT 0)"
-    sql.run(table.format("", "DECIMAL(20,2)"), "CREATE TABLE flush (id INT PRIMARY KEY)",
+    sql.run(table.format("", "DECIMAL(20,2)"),
             "INSERT INTO t (id, v, n, tx) SELECT seq, 'old', seq / 100, 0 "
             "FROM seq_1000000_to_1002000")                          # for the snapshot
     target_db.sql("CREATE SCHEMA crm", table.format("crm.", "numeric(20,2)"),
@@ -212,7 +208,7 @@ def test_kill_9_of_dispatcher_and_worker_applies_every_change_once(
 
 
 def test_binlog_load_with_updates_and_deletes(sql, target_db, lapidus_factory):
-    sql.run(MY_TABLE, "CREATE TABLE flush (id INT PRIMARY KEY)", "SET time_zone = '+00:00'")
+    sql.run(MY_TABLE, "SET time_zone = '+00:00'")
     target_db.sql("CREATE SCHEMA crm", PG_TABLE)
     proc = lapidus_factory({"backends": [backend()], "plugins": sync_plugin(target_db)})
     running(proc)
@@ -229,7 +225,6 @@ def test_binlog_load_with_updates_and_deletes(sql, target_db, lapidus_factory):
 
 
 def test_schema_changes_are_applied_in_order(sql, target_db, lapidus_factory):
-    sql.run("CREATE TABLE flush (id INT PRIMARY KEY)")
     proc = lapidus_factory({"backends": [backend()], "plugins": sync_plugin(target_db)})
     running(proc)
     # created by the sink at its first row, with the types of the CREATE TABLE
@@ -260,14 +255,13 @@ def test_schema_changes_are_applied_in_order(sql, target_db, lapidus_factory):
 
 def test_a_change_the_sink_cannot_apply_holds_the_backend_until_the_target_is_changed(
         sql, target_db, lapidus_factory):
-    sql.run("CREATE TABLE t (id INT PRIMARY KEY, a INT NOT NULL)",
-            "CREATE TABLE flush (id INT PRIMARY KEY)")
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY, a INT NOT NULL)")
     target_db.sql("CREATE SCHEMA crm", "CREATE TABLE crm.t (id int PRIMARY KEY, a int)")
     proc = lapidus_factory({"backends": [backend()], "plugins": sync_plugin(target_db)})
     running(proc)
     sql.run("INSERT INTO t VALUES (1, 1)",
             "ALTER TABLE t DROP PRIMARY KEY, ADD PRIMARY KEY (id, a)",
-            "INSERT INTO t VALUES (1, 2)", "INSERT INTO flush VALUES (1)")
+            "INSERT INTO t VALUES (1, 2)")
     refusal = held(proc)
     assert "primary key becomes (id, a)" in refusal["error"] and "crm.t" in refusal["error"]
     assert "by hand" in refusal["fix"]

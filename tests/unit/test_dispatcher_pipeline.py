@@ -8,6 +8,7 @@ import asyncio
 import structlog
 
 from lapidus.config import parse_config
+from lapidus.sinks.base import Delivery
 from lapidus.supervisor.dispatcher import Dispatcher, Pipeline
 from lapidus.transport import ACK, unpack_from
 
@@ -15,11 +16,14 @@ from lapidus.transport import ACK, unpack_from
 class RecordingSink:
     shared = False
 
-    def __init__(self):
+    def __init__(self, wants_transaction_ends=False):
+        self.wants_transaction_ends = wants_transaction_ends
         self.deliveries = []
+        self.boundaries = []
 
     async def send(self, records):
         self.deliveries.append(list(records))
+        self.boundaries.append(records.at_boundary)
 
 
 class RecordingWriter:
@@ -37,22 +41,23 @@ class RecordingWriter:
         return [payload for kind, payload in frames if kind == ACK]
 
 
-def deliver(merge_up_to, batches, stale=()):
-    """Queue ``batches`` (seq -> records) before the pipeline runs; ``stale`` seqs come from
-    an older connection of the worker."""
+def deliver(merge_up_to, batches, stale=(), sinks=None):
+    """Queue ``batches`` (seq, records[, at_boundary]) before the pipeline runs; ``stale``
+    seqs come from an older connection of the worker.  The deliveries of the first of
+    ``sinks`` (default: one RecordingSink) and the acks, once the last batch is acked."""
     async def run():
-        sink, writer = RecordingSink(), RecordingWriter()
-        pipeline = Pipeline("crm", [sink], structlog.get_logger(), merge_up_to=merge_up_to)
+        recorders, writer = sinks or [RecordingSink()], RecordingWriter()
+        pipeline = Pipeline("crm", recorders, structlog.get_logger(), merge_up_to=merge_up_to)
         generation = pipeline.attach(writer)
-        for seq, records in batches:
+        for seq, records, *boundary in batches:
             pipeline.queue.put_nowait((generation - 1 if seq in stale else generation, seq,
-                                       records))
+                                       Delivery(records, *boundary)))
         task = asyncio.create_task(pipeline.run())
-        while pipeline.queue.qsize() or pipeline.delivered < sum(
-                len(r) for s, r in batches if s not in stale):
+        last = max(seq for seq, *_ in batches if seq not in stale)
+        while last not in writer.acks():
             await asyncio.sleep(0)
         task.cancel()
-        return sink.deliveries, writer.acks()
+        return recorders[0].deliveries, writer.acks()
     return asyncio.run(run())
 
 
@@ -71,6 +76,39 @@ def test_without_merging_every_batch_is_its_own_delivery():
 def test_batches_of_an_older_connection_are_not_merged_in():
     deliveries, acks = deliver(3, [(1, ["a"]), (2, ["old"]), (3, ["c"])], stale={2})
     assert deliveries == [["a", "c"]] and acks == [3]
+
+
+def test_a_merged_delivery_ends_where_its_last_batch_ends():
+    sink = RecordingSink()
+    deliver(2, [(1, ["a"], True), (2, ["b"], False), (3, ["c"], False), (4, ["d"], True),
+                (5, ["e"], True)], sinks=[sink])
+    assert sink.deliveries == [["a", "b"], ["c", "d"], ["e"]]
+    assert sink.boundaries == [False, True, True]
+
+
+def test_an_empty_batch_gives_the_last_record_again_at_the_boundary_to_who_wants_it():
+    """The worker read the COMMIT of the last batch's transaction without events: the sinks
+    that apply whole transactions get its last record again, marked; the others nothing."""
+    whole, plain = RecordingSink(wants_transaction_ends=True), RecordingSink()
+    deliveries, acks = deliver(1, [(1, ["a", "b"], False), (2, [], True)],
+                               sinks=[whole, plain])
+    assert whole.deliveries == [["a", "b"], ["b"]] and whole.boundaries == [False, True]
+    assert plain.deliveries == [["a", "b"]]
+    assert acks == [1, 2]
+
+
+def test_an_empty_batch_merged_behind_another_marks_its_end():
+    sink = RecordingSink(wants_transaction_ends=True)
+    deliver(2, [(1, ["a"], False), (2, [], True)], sinks=[sink])
+    assert sink.deliveries == [["a"]] and sink.boundaries == [True]
+
+
+def test_an_empty_batch_with_nothing_before_it_on_the_connection_delivers_nothing():
+    """What it would mark was of an older connection (or is unknown): acked, not sent."""
+    sink = RecordingSink(wants_transaction_ends=True)
+    deliveries, acks = deliver(1, [(1, ["old"], False), (2, [], True)], stale={1},
+                               sinks=[sink])
+    assert deliveries == [] and acks == [2]
 
 
 def test_a_shared_sink_with_a_backends_own_options_gets_its_own_instance(tmp_path):

@@ -94,6 +94,30 @@ def test_checkpoint_inside_a_transaction_names_the_last_taken_row():
     assert (cp.gtid, cp.tx, cp.index) == ("0-1-9", "0-1-10", 36)
 
 
+def test_between_transactions_once_every_taken_row_has_its_transaction_ended():
+    """What a batch's at_boundary says: true exactly when the checkpoint has no ``tx``."""
+    changes = stream()
+    assert changes.between_transactions                      # nothing read yet
+    gtid_event, table, rows, end = one_transaction(ids=range(10))
+    changes.feed(gtid_event, "f", 1)
+    changes.feed(table, "f", 1)
+    assert changes.between_transactions                      # begun, nothing of it taken
+    changes.feed(rows, "f", 1)
+    changes.take(10)
+    assert not changes.between_transactions                  # all rows taken, no XID yet
+    changes.feed(end, "f", 2)
+    assert changes.between_transactions and changes.checkpoint().tx is None
+    gtid_event, table, rows, end = one_transaction(seq=11, ids=range(5))
+    for event in (gtid_event, table, rows):
+        changes.feed(event, "f", 3)
+    changes.take(4)
+    assert not changes.between_transactions and changes.checkpoint().tx == "0-1-11"
+    changes.take(1)
+    assert not changes.between_transactions                  # a batch cut before the XID
+    changes.feed(end, "f", 4)
+    assert changes.between_transactions
+
+
 def test_resume_skips_exactly_the_delivered_rows_once():
     first = stream()
     for event in one_transaction()[:3]:

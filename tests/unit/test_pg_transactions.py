@@ -55,6 +55,21 @@ def ids(events) -> list:
 
 # -- ids ---------------------------------------------------------------------------------
 
+def test_between_transactions_only_after_a_commit():
+    """What a batch's at_boundary says: no transaction open, the checkpoint's ``tx`` null;
+    a consumed BEGIN opens one even before its first change."""
+    assembler = TransactionAssembler("shop")
+    assert assembler.between_transactions
+    run(assembler, [B(100), I(1)])
+    assert not assembler.between_transactions and assembler.state()["tx"] is not None
+    run(assembler, [C(100)])
+    assert assembler.between_transactions and assembler.state()["tx"] is None
+    run(assembler, [B(200)])
+    assert not assembler.between_transactions
+    run(assembler, [I(2), C(200), M(300)])       # a message outside any transaction
+    assert assembler.between_transactions
+
+
 def test_event_id_is_backend_commit_lsn_and_index_in_transaction():
     lsn = parse_lsn("0/1928C90")
     events = run(TransactionAssembler("shop"), [B(lsn, 733), I(1), I(2), C(lsn)])

@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 
 from lapidus.events import Record
+from lapidus.sinks.base import Delivery
 from lapidus.supervisor.dispatcher import Pipeline
 from lapidus.supervisor.handles import ChildHandle
 from lapidus.supervisor.http import HttpServer, Request, parse_request
@@ -261,11 +262,11 @@ def test_pipeline_fills_its_ring_only_while_it_has_one():
         pipeline = Pipeline("crm", [Sink()], LOG)
         generation = pipeline.attach(None)
         task = asyncio.create_task(pipeline.run())
-        pipeline.queue.put_nowait((generation, 1, [record(1)]))
+        pipeline.queue.put_nowait((generation, 1, Delivery([record(1)])))
         while pipeline.delivered < 1:
             await asyncio.sleep(0)
         pipeline.tail = TailRing()
-        pipeline.queue.put_nowait((generation, 2, [record(2), record(3)]))
+        pipeline.queue.put_nowait((generation, 2, Delivery([record(2), record(3)])))
         while pipeline.delivered < 3:
             await asyncio.sleep(0)
         task.cancel()

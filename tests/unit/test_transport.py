@@ -28,11 +28,11 @@ def test_a_batch_packed_without_the_memo_reads_back_the_same_and_in_a_stream():
     shared = "public"                      # the same object many times: written each time
     fields = [(f"shop:read:0:public.t:[{i}]", "read", shared, "t", (str(i),), "0/1",
                b'{"id":%d}' % i) for i in range(300)] + [tuple(RECORD), RECORD]
-    data = pack_batch(9, fields)
+    data = pack_batch(9, fields, True)
     assert HEADER.unpack_from(data) == (len(data) - HEADER.size, BATCH)
     frames, used = unpack_from(bytearray(pack(ACK, 1) + data + pack(ACK, 2)))
-    assert frames == [(ACK, 1), (BATCH, (9, fields)), (ACK, 2)]
-    assert unpack_from(bytearray(pack_batch(1, [])))[0] == [(BATCH, (1, []))]
+    assert frames == [(ACK, 1), (BATCH, (9, fields, True)), (ACK, 2)]
+    assert unpack_from(bytearray(pack_batch(1, [])))[0] == [(BATCH, (1, [], False))]
 
 
 def test_frame_header_is_big_endian_length_and_kind():
@@ -120,8 +120,9 @@ def link(dispatcher):
 
 
 def test_hello_with_the_backend_name_is_the_first_frame(dispatcher, link):
-    link.send_batch(1, [RECORD])
-    assert dispatcher.read_frames(2) == [(HELLO, {"backend": "shop"}), (BATCH, (1, [RECORD]))]
+    link.send_batch(1, [RECORD], True)
+    assert dispatcher.read_frames(2) == [(HELLO, {"backend": "shop"}),
+                                         (BATCH, (1, [RECORD], True))]
 
 
 def test_batches_arrive_in_order(dispatcher, link):
@@ -139,7 +140,7 @@ def test_batch_larger_than_the_socket_buffer_arrives_whole(dispatcher, link):
     sender = threading.Thread(target=link.send_batch, args=(1, records))
     sender.start()                          # blocks until the dispatcher has read enough
     try:
-        assert dispatcher.read_frames(2)[1] == (BATCH, (1, records))
+        assert dispatcher.read_frames(2)[1] == (BATCH, (1, records, False))
     finally:
         sender.join(10.0)
     assert not sender.is_alive()

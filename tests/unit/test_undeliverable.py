@@ -10,7 +10,7 @@ import structlog
 
 from lapidus import deadletters
 from lapidus.events import Record
-from lapidus.sinks.base import UndeliverableError
+from lapidus.sinks.base import Delivery, UndeliverableError
 from lapidus.supervisor import dispatcher as dispatcher_module
 from lapidus.supervisor.dispatcher import Pipeline
 from tests.unit.test_dispatcher_pipeline import RecordingWriter
@@ -59,7 +59,7 @@ def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_pa
         pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
                             on_undeliverable="dead_letter", dead_letters=path)
         generation = pipeline.attach(writer)
-        batch = [record(1), record(2, size=500), record(3)]
+        batch = Delivery([record(1), record(2, size=500), record(3)])
         pipeline.queue.put_nowait((generation, 1, batch))
         await run_until(lambda: writer.acks() == [1], pipeline)
         return sink, pipeline
@@ -73,6 +73,27 @@ def test_dead_letter_moves_the_refused_event_aside_and_the_stream_goes_on(tmp_pa
     assert again == record(2, size=500)      # the exact bytes, to be sent again
 
 
+def test_a_boundary_after_a_dead_lettered_last_record_marks_the_one_before(tmp_path):
+    """The last record of a batch went to the dead letters; the end of its transaction (an
+    empty batch) gives the sink the last record it took, never the refused one again."""
+    path = tmp_path / "b" / deadletters.FILE
+
+    async def main():
+        sink, writer = RefusingSink(limit=100), RecordingWriter()
+        sink.wants_transaction_ends = True
+        pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["sync"],
+                            on_undeliverable="dead_letter", dead_letters=path)
+        generation = pipeline.attach(writer)
+        pipeline.queue.put_nowait((generation, 1, Delivery([record(1), record(2, size=500)])))
+        pipeline.queue.put_nowait((generation, 2, Delivery([], True)))
+        await run_until(lambda: writer.acks() == [1, 2], pipeline)
+        return sink
+
+    sink = asyncio.run(asyncio.wait_for(main(), 10))
+    assert sink.delivered == ["b:1", "b:1"]         # the mark: b:1 again, b:2 not
+    assert [head["id"] for head, _ in deadletters.read(path)] == ["b:2"]
+
+
 def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatcher_module, "HOLD_RETRY_MAX", 0.05)
 
@@ -80,7 +101,7 @@ def test_hold_keeps_the_backend_at_the_event_until_the_sink_takes_it(tmp_path, m
         sink, writer = RefusingSink(limit=100), RecordingWriter()
         pipeline = Pipeline("b", [sink], structlog.get_logger(), names=["nats"],
                             dead_letters=tmp_path / "b" / deadletters.FILE)
-        pipeline.queue.put_nowait((pipeline.attach(writer), 1, [record(1), record(2, 500)]))
+        pipeline.queue.put_nowait((pipeline.attach(writer), 1, Delivery([record(1), record(2, 500)])))
         task = asyncio.create_task(pipeline.run())
         while sink.attempts < 3:
             await asyncio.sleep(0.01)

@@ -202,11 +202,13 @@ class FakeLink:
 
     def __init__(self, path, name, config=None):
         self.sent: List[int] = []
+        self.frames: List[tuple] = []          # (seq, number of records, at_boundary)
         self.confirm_up_to: Optional[int] = None
         FakeLink.instances.append(self)
 
-    def send_batch(self, seq, records):
+    def send_batch(self, seq, records, at_boundary=False):
         self.sent.append(seq)
+        self.frames.append((seq, len(records), at_boundary))
 
     def acks(self, timeout):
         return self.confirm_up_to
@@ -295,6 +297,48 @@ def test_a_lost_connection_reopens_from_the_confirmed_checkpoint_on_the_same_lin
     waiting = [f for kind, f in reports if kind == "waiting"]
     assert all(f["target"] == "db:1" for f in waiting)
     assert loop.store.load() is not None
+
+
+class ScriptedSource(Source):
+    """Reads the batches of ``SCRIPT`` in turn, then asks the loop to stop."""
+
+    SCRIPT: List[Batch] = []
+
+    def __init__(self, backend, state_dir, log, loop_ref):
+        super().__init__(backend, state_dir, log)
+        self.loop_ref, self.script = loop_ref, list(self.SCRIPT)
+
+    def open(self, checkpoint):
+        pass
+
+    def read(self, max_events, timeout):
+        if not self.script:
+            self.loop_ref[0].request_stop()
+            return Batch()
+        return self.script.pop(0)
+
+    def close(self):
+        pass
+
+
+def test_a_transaction_end_read_without_events_is_sent_as_an_empty_batch(tmp_path,
+                                                                        monkeypatch):
+    """A batch cut before its transaction's COMMIT, then a read of just the COMMIT: an empty
+    batch at the boundary follows (once), so a sink applying whole transactions need not
+    wait for the next one; after a batch at a boundary, an empty read sends nothing."""
+    ts = "2020-01-01T00:00:00.000Z"
+    monkeypatch.setattr(ScriptedSource, "SCRIPT", [
+        Batch([event(1, ts), event(2, ts)], 1, False), Batch([], 2, True), Batch([], 3, True),
+        Batch([event(3, ts)], 4, True), Batch([], 5, True), Batch([event(4, ts)], 6, False),
+        Batch([], 7, False), Batch([], 8, True)])
+    loop, _ = make_loop(tmp_path, monkeypatch, ScriptedSource)
+    monkeypatch.setattr(FakeLink, "acks", lambda self, timeout: self.sent[-1] if self.sent
+                        else None)
+    assert loop.run() == 0
+    (link,) = FakeLink.instances
+    assert link.frames == [(1, 2, False), (2, 0, True), (3, 1, True), (4, 1, False),
+                           (5, 0, True)]
+    assert loop.store.load() == 8
 
 
 def test_lag_is_the_age_of_the_oldest_unconfirmed_event_under_steady_load(tmp_path,

@@ -10,8 +10,10 @@ Per delivery (docs/sync.md has the user's view):
 
 1. events the target already holds are dropped: their group (source transaction or snapshot
    chunk, :mod:`.order`) is not newer than the cursor in ``lapidus_sync_state`` (:mod:`.state`);
-2. the events are cut into their groups; the last group is *held* unless it is whole by
-   itself (snapshot rows): the dispatcher's batches end where the worker's reads end, which
+2. the events are cut into their groups; the last group is *held* unless it is whole: its
+   events complete themselves (snapshot rows), or the delivery ends at a transaction
+   boundary (``Delivery.at_boundary``: the worker read the transaction's end) and its last
+   event is of that group.  The dispatcher's batches end where the worker's reads end, which
    may be inside a source transaction, and no source transaction may be half visible;
 3. up to ``batch_transactions`` groups are applied per target transaction (:mod:`.apply`),
    and the same transaction moves the cursor and stores the held events in
@@ -42,6 +44,8 @@ from .order import UnorderedPosition, completes_itself, order_of
 class SyncSink(Sink):
     # merged deliveries mean fewer, larger target transactions (one commit each)
     merge_batches = True
+    # the end of a delivery's last transaction, when it comes after its last event
+    wants_transaction_ends = True
 
     def __init__(self, options: Mapping[str, Any], backend: str):
         super().__init__(options, backend)
@@ -68,7 +72,8 @@ class SyncSink(Sink):
             self.log.warning("sync: the target is not reachable yet", error=str(exc))
 
     async def send(self, records: Sequence[Record]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.thread, self._send, list(records))
+        await asyncio.get_running_loop().run_in_executor(
+            self.thread, self._send, list(records), getattr(records, "at_boundary", False))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.thread, self._disconnect)
@@ -123,10 +128,10 @@ class SyncSink(Sink):
         if self.down_since is None:
             self.down_since = time.monotonic()
 
-    def _send(self, records: List[Record]) -> None:
+    def _send(self, records: List[Record], at_boundary: bool = False) -> None:
         self._connect()
         try:
-            self._deliver(records)
+            self._deliver(records, at_boundary)
         except Refused as refused:
             self._rollback()
             self.applier.forget()     # a table created in the rolled back transaction
@@ -153,14 +158,16 @@ class SyncSink(Sink):
         except self.target.Error:
             self._disconnect()
 
-    def _deliver(self, records: List[Record]) -> None:
+    def _deliver(self, records: List[Record], at_boundary: bool = False) -> None:
         cursor = self.cursor.copy()
         work: List[tuple] = [(r, -1) + order_of(r.position, r.type)
                              for r in cursor.pending]
+        last: Optional[tuple] = None        # (stream, key) of the delivery's last event
         for index, record in enumerate(records):
             stream, key = order_of(record.position, record.type)
             if stream != "lsn":
                 self.applier.mysql = True
+            last = (stream, key)
             if cursor.admits(record, stream, key):
                 work.append((record, index, stream, key))
         if not work:
@@ -172,7 +179,11 @@ class SyncSink(Sink):
             else:
                 groups.append([entry])
         tail: List[tuple] = []
-        if groups and not all(completes_itself(e[0].type, e[0].data) for e in groups[-1]):
+        # At a boundary the last group is whole only if the delivery's last event is of it:
+        # events the target has already (a replay after a crash) may end the delivery
+        # before the held group, whose end is then still to come.
+        whole = at_boundary and tuple(groups[-1][0][2:]) == last
+        if not whole and not all(completes_itself(e[0].type, e[0].data) for e in groups[-1]):
             tail = groups.pop()
         chunks = [groups[i:i + self.config.batch_transactions]
                   for i in range(0, len(groups), self.config.batch_transactions)] or [[]]

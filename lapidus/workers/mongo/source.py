@@ -430,7 +430,9 @@ class MongoSource(Source):
             checkpoint["snapshot"] = self.snapshot_progress.state()
         if events or checkpoint != self._reported:
             self._reported = checkpoint
-            return Batch(events, checkpoint)
+            # A change outside a multi-document transaction is one by itself; one inside it
+            # cannot say whether more of its transaction follow (the stream has no COMMIT).
+            return Batch(events, checkpoint, not events or events[-1].txid is None)
         return Batch()
 
 

@@ -329,6 +329,13 @@ class ChangeStream:
                           self._file, self._pos, tx, self._taken if tx else -1,
                           self._fingerprint)
 
+    @property
+    def between_transactions(self) -> bool:
+        """Every change taken so far belongs to a transaction that ended (XID, COMMIT, a
+        standalone statement): the checkpoint's ``tx`` is null.  A transaction begun but
+        with none of its changes taken yet does not count as open."""
+        return self._tx is None or self._taken < 0
+
     def gtid_state(self):
         """The GTID state of the complete transactions consumed (None without GTIDs)."""
         return self._state

@@ -436,7 +436,7 @@ class MysqlSource(Source):
         except Exception as exc:
             raise self._stream_error(exc) from exc
         self.scope_watch.seen(events)
-        return Batch(events, self._checkpoint())
+        return Batch(events, self._checkpoint(), changes.between_transactions)
 
     def _read_during_snapshot(self, snapshot: MysqlSnapshot, max_events: int,
                               timeout: float) -> Batch:
@@ -474,7 +474,7 @@ class MysqlSource(Source):
         except Exception as exc:
             raise self._stream_error(exc) from exc
         self.scope_watch.seen(events)
-        return Batch(events, self._checkpoint())
+        return Batch(events, self._checkpoint(), changes.between_transactions)
 
     def _taken(self, events: list) -> list:
         """Changes handed out while a chunk is held evict their keys from it."""

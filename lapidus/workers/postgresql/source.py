@@ -338,7 +338,7 @@ class PostgresSource(Source):
             self._supervise_child()
             consumed = self._consume(events, max_events)
             if events or consumed:
-                return Batch(events, self._checkpoint())
+                return Batch(events, self._checkpoint(), self.assembler.between_transactions)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return Batch(events, None)

@@ -47,6 +47,13 @@ class TransactionAssembler:
                   "index": self.index, "skip": self.skip}
         return {"last_lsn": self.last_lsn, "tx": tx, "replay": self.replay}
 
+    @property
+    def between_transactions(self) -> bool:
+        """No transaction is open: every event emitted so far belongs to one whose COMMIT was
+        consumed (the checkpoint's ``tx`` is null).  A BEGIN consumed without its COMMIT
+        counts as open, even before its first change: a relation message of it may be out."""
+        return self.tx_lsn is None
+
     def feed(self, message, out: List[Event]) -> None:
         """Consume one decoded message, appending any resulting event to ``out``."""
         kind = type(message)
