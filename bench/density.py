@@ -322,6 +322,13 @@ def measure(n: int, args, tmp: Path) -> dict:
         latencies = [(arrivals[row_id] - committed) * 1000.0
                      for row_id, committed in gen["commits"] if row_id in arrivals]
         result["latency_ms"] = L.summarize(latencies)
+        # row j went to backend j % n (generator_main): the same figures per source kind
+        by_kind: Dict[str, list] = {"pg": [], "my": []}
+        for row_id, committed in gen["commits"]:
+            if row_id in arrivals:
+                by_kind[names[(row_id - 1) % n][:2]].append(
+                    (arrivals[row_id] - committed) * 1000.0)
+        result["latency_ms_by_kind"] = {k: L.summarize(v) for k, v in by_kind.items()}
         result["rows_written"] = len(gen["commits"])
         result["rows_missing"] = len(gen["commits"]) - len(latencies)
     finally:
@@ -387,6 +394,9 @@ def report(r: dict) -> None:
     print(f"    latency at {r['rows_written']} rows: p50 {lat.get('p50', float('nan')):.2f} ms, "
           f"p99 {lat.get('p99', float('nan')):.2f} ms, max {lat.get('max', float('nan')):.2f} "
           f"ms; missing {r['rows_missing']}")
+    for kind, k in r.get("latency_ms_by_kind", {}).items():
+        if k:
+            print(f"      {kind}: p50 {k['p50']:.2f} ms, p99 {k['p99']:.2f} ms")
 
 
 def main() -> None:
