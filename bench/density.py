@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
-import signal
 import socket
 import statistics
 import subprocess
@@ -263,16 +261,6 @@ def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
     return out
 
 
-def stop(lapidus: subprocess.Popen) -> None:
-    if lapidus.poll() is None:
-        lapidus.send_signal(signal.SIGTERM)
-        try:
-            lapidus.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(lapidus.pid, signal.SIGKILL)
-            lapidus.wait(5)
-
-
 # ------------------------------------------------------------------------------ one size
 
 def measure(n: int, args, tmp: Path) -> dict:
@@ -332,7 +320,7 @@ def measure(n: int, args, tmp: Path) -> dict:
         result["rows_written"] = len(gen["commits"])
         result["rows_missing"] = len(gen["commits"]) - len(latencies)
     finally:
-        stop(lapidus)
+        L.stop_lapidus(lapidus, timeout=60)     # a hundred workers drain and save
         drop_databases(names)
     return result
 

@@ -522,11 +522,12 @@ def start_lapidus(workdir: Path, config: Path) -> subprocess.Popen:
                             stderr=open(workdir / "lapidus.log", "ab"), start_new_session=True)
 
 
-def stop_lapidus(proc: subprocess.Popen) -> None:
+def stop_lapidus(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, and SIGKILL of the whole group if it is not gone within ``timeout`` s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(20)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
