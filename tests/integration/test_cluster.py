@@ -32,6 +32,8 @@ import uuid
 from typing import List
 
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 
 from bench.chaos.cluster_nodes import ClusterNode, _when, node_config, overlaps
@@ -85,7 +87,10 @@ def stream_count(urls, name: str) -> int:
         return -1         # a leader election under way
 
 
-def stream_events(urls, name: str) -> List[dict]:
+def stream_events(urls, name: str, timeout: float = 60.0) -> List[dict]:
+    """Every message of the stream, read whole. A read that meets a stream leader election
+    (a NATS server of the cluster just died: "JetStream system temporarily unavailable", a
+    request timing out) is started again until ``timeout``."""
     async def read(js):
         info = await js.stream_info(name)
         out = []
@@ -93,7 +98,15 @@ def stream_events(urls, name: str) -> List[dict]:
             msg = await js.get_msg(name, seq)
             out.append(json.loads(msg.data))
         return out
-    return _js(urls, read)
+
+    def attempt():
+        try:
+            return [_js(urls, read)]
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError,
+                nats.errors.NoRespondersError):
+            return None
+    return wait_until(attempt, timeout, interval=0.5,
+                      message=f"a whole read of {name} (its leader elected)")[0]
 
 
 def wait_stream(urls, name: str, count: int, timeout: float = 120.0) -> None:
