@@ -30,6 +30,7 @@ from .checks import (check_encoding, check_server, choose_decoder, drop_slot, en
                      retained_wal, slot_info)
 from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
+from .partitions import partition_filter
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
                            explain_child_error, unmatched_includes)
@@ -118,7 +119,9 @@ class PostgresSource(Source):
         app = f"lapidus_{name}"
         self.catalog = Catalog(connect(self.options, name, app))
         conn = self.catalog.conn
-        table_filter = TableFilter(self.backend.include_tables, self.backend.exclude_tables)
+        # include/exclude naming a partitioned table cover its partitions (.partitions)
+        table_filter = partition_filter(conn, TableFilter(self.backend.include_tables,
+                                                          self.backend.exclude_tables))
         decoder_name = choose_decoder(conn, backend=name, slot=self.slot,
                                       configured=self.options.get("decoder") or "auto")
         check_server(conn, name, decoder_name)
