@@ -1,9 +1,10 @@
-"""Partitions and their partitioned parents, for include/exclude.
+"""Partitions and their partitioned parents, for include/exclude and publish_via_partition_root.
 
 Runs in the PostgreSQL worker process, on the catalog connection.  A partition holds rows of
 its parent, so ``include_tables``/``exclude_tables`` naming the parent must cover the
-partitions, whose changes arrive under their own names.  :class:`PartitionFilter` judges a
-partition by its own name and its parents' (:meth:`lapidus.filters.TableFilter.allows_any`).
+partitions: whether their changes arrive under their own names (the default) or under the
+parent's (``publish_via_partition_root``).  :class:`PartitionFilter` judges a partition by its
+own name and its parents' (:meth:`lapidus.filters.TableFilter.allows_any`).
 
 Only declarative partitioning counts (``relispartition``): children of plain table inheritance
 are separate tables to publications and to pgoutput, and so to Lapidus.
@@ -11,7 +12,7 @@ are separate tables to publications and to pgoutput, and so to Lapidus.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...filters import TableFilter
 
@@ -95,6 +96,10 @@ class PartitionFilter:
             self.parents[table] = parents_of(self.conn, table).get(table, ())
         return self.parents[table]
 
+    def partitions(self) -> List[Table]:
+        """The partitions of the database known now, sorted."""
+        return sorted(t for t, parents in self.parents.items() if parents)
+
 
 def partition_filter(conn, table_filter: TableFilter):
     """The filter a PostgreSQL backend applies: ``table_filter`` itself when it has no
@@ -103,3 +108,36 @@ def partition_filter(conn, table_filter: TableFilter):
     if table_filter.is_trivial:
         return table_filter
     return PartitionFilter(conn, table_filter)
+
+
+def split_partitions(table_filter, *, all_tables: bool) -> List[Tuple[Table, Table, bool]]:
+    """With publish_via_partition_root, the partitions include/exclude would have to judge
+    apart from the parent their changes arrive as: ``(partition, parent, partition
+    streamed)`` for each.
+
+    A FOR ALL TABLES publication (``all_tables``) sends every partition's changes as its
+    topmost parent; a FOR TABLE one (filtered: the tables that pass) as its topmost parent
+    in the publication, or as itself when none is.  Either way a decision for the partition
+    that differs from that parent's cannot be honoured: the event names the parent only.
+    """
+    if not isinstance(table_filter, PartitionFilter):
+        return []                       # no patterns: every table passes, none differ
+    found = []
+    for partition in table_filter.partitions():
+        streamed = table_filter.allows(*partition)
+        parents = table_filter.parents_of(partition)
+        if all_tables:
+            via: Optional[Table] = parents[-1]
+        else:
+            published = [p for p in parents if table_filter.allows(*p)]
+            via = published[-1] if published else None
+        if via is not None and table_filter.allows(*via) != streamed:
+            found.append((partition, via, streamed))
+    return found
+
+
+def describe_split(split: Sequence[Tuple[Table, Table, bool]]) -> str:
+    """``public.m1 is excluded but its parent public.m is not, ...`` (ten at most)."""
+    parts = [f"{'.'.join(partition)} is {'included' if streamed else 'excluded'} but its "
+             f"parent {'.'.join(parent)} is not" for partition, parent, streamed in split[:10]]
+    return ", ".join(parts) + (" ..." if len(split) > 10 else "")
