@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Sequence, Tuple
 
 
 def _compile(patterns: Iterable[str]) -> Tuple[Tuple[bool, "re.Pattern[str]"], ...]:
@@ -39,11 +39,18 @@ class TableFilter:
         return hit
 
     def _decide(self, schema: str, table: str) -> bool:
-        qualified = f"{schema}.{table}"
+        return self.allows_any(((schema, table),))
 
-        def matches(rules) -> bool:
-            return any(rx.match(qualified if dotted else table) for dotted, rx in rules)
-
-        if matches(self._exclude):
+    def allows_any(self, names: Sequence[Tuple[str, str]]) -> bool:
+        """The decision for one table known by several ``(schema, table)`` names (a
+        partition and its partitioned parents): excluded when any name matches an exclude
+        pattern; with include patterns, streamed when any name matches one.  Not cached."""
+        if any(_matches(self._exclude, schema, table) for schema, table in names):
             return False
-        return not self._include or matches(self._include)
+        return not self._include or any(_matches(self._include, schema, table)
+                                        for schema, table in names)
+
+
+def _matches(rules, schema: str, table: str) -> bool:
+    qualified = f"{schema}.{table}"
+    return any(rx.match(qualified if dotted else table) for dotted, rx in rules)

@@ -79,6 +79,7 @@ class _BackendReader(_TableReader, _PluginReader):
         if backend_type == "postgresql":
             self.check_spool(pending)
             self.check_pg_tls(pending)
+            self.check_pg_partition_root(pending)
         if backend_type == "mysql" and pending.values.get("ssl_key") \
                 and not pending.values.get("ssl_cert"):
             self.problem(pending.key_path("ssl_key"), "given without ssl_cert; add the client "
@@ -92,6 +93,17 @@ class _BackendReader(_TableReader, _PluginReader):
         if segment is not None and cap is not None and cap < segment:
             self.problem(p.key_path("spool_max_bytes"), f"must be at least spool_segment_bytes "
                                                         f"({segment}), got {cap}")
+
+    def check_pg_partition_root(self, p: _PendingBackend) -> None:
+        """``publish_via_partition_root`` is an option of pgoutput's publications: wal2json
+        has none and always names the partition, so the setting would silently do nothing.
+        (``decoder = "auto"`` can only be judged at start, against the slot and server.)"""
+        if p.values.get("publish_via_partition_root") and p.values.get("decoder") == "wal2json":
+            self.problem(p.key_path("publish_via_partition_root"),
+                         'true needs decoder = "pgoutput": wal2json names every change by its '
+                         'partition and has no such option; set decoder = "pgoutput" (switching '
+                         "needs a new slot, docs/postgresql.md#choosing-the-decoder) or "
+                         "publish_via_partition_root = false")
 
     def check_pg_tls(self, p: _PendingBackend) -> None:
         """TLS files that libpq would ignore or use without the protection they suggest."""

@@ -99,6 +99,11 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
             "never create or change it. Lapidus refuses to publish tables without a primary "
             "key or replica identity (UPDATE/DELETE on them would fail).", "all_tables",
             types=PG),
+    Setting("publish_via_partition_root", Bool(), "`pgoutput` only: changes to a "
+            "partition arrive as its partitioned parent (table name, subject, snapshot), like "
+            "the publication option of that name, which Lapidus sets on a publication it makes "
+            "(`existing`: must match). Changes written before a switch keep the old names "
+            "(docs/postgresql.md#partitioned-tables).", False, types=PG),
     Setting("messages", Bool(), "Emit `pg_logical_emit_message` calls as `message` events.",
             True, types=PG),
     Setting("sslmode", Choice("disable", "allow", "prefer", "require", "verify-ca",

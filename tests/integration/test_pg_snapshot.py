@@ -227,7 +227,10 @@ def test_pg_recvlogical_killed_mid_snapshot_still_folds_to_the_table(pg_db, lapi
               "the snapshot to finish")
     finally:
         writer.stop()
-    assert "pg_recvlogical exited" in proc.log() or "reconnecting" in proc.log()
+    # the worker notices the death at its next look at the child, which may come after the
+    # snapshot's last chunk
+    until(proc, lambda: "pg_recvlogical exited" in proc.log() or "reconnecting" in proc.log(),
+          30, "the worker to notice pg_recvlogical's death")
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
 

@@ -105,3 +105,13 @@ def test_lapidusctl_dead_letters_reads_the_file_without_the_services_secrets(tmp
     path = write(tmp_path, tmp_path / "state", pg={"password": "${SHOP_PG_PASSWORD}"})
     assert ctl.main(["-c", str(path), "dead-letters", "shop"]) == 0
     assert capsys.readouterr().out.startswith("no dead letters for shop")
+
+
+def test_check_refuses_publish_via_partition_root_with_wal2json(tmp_path, capsys):
+    path = write(tmp_path, tmp_path / "state",
+                 pg={"decoder": "wal2json", "publish_via_partition_root": True})
+    assert cli.main(["-t", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "backends[0].publish_via_partition_root: true needs decoder = \"pgoutput\"" in err
+    assert "wal2json names every change by its partition and has no such option" in err
+    assert "Traceback" not in err

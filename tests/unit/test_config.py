@@ -574,7 +574,8 @@ def test_postgresql_defaults():
         "host": "127.0.0.1", "port": 5432, "user": "postgres", "password": None,
         "connect_timeout": 10, "passfile": None, "database": "shop",
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
-        "publication": "lapidus_shop_eu", "publication_mode": "all_tables", "messages": True,
+        "publication": "lapidus_shop_eu", "publication_mode": "all_tables",
+        "publish_via_partition_root": False, "messages": True,
         "sslmode": None, "sslrootcert": None, "sslcert": None, "sslkey": None,
         "fsync_interval": 1.0, "status_interval": 1.0,
         "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
@@ -916,9 +917,9 @@ def test_spec_settings_are_declared():
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]
     assert names["postgresql"] - common == {
         "host", "port", "user", "password", "passfile", "database", "slot", "temporary_slot",
-        "decoder", "publication", "publication_mode", "messages", "sslmode", "sslrootcert",
-        "sslcert", "sslkey", "connect_timeout", "fsync_interval", "status_interval",
-        "spool_segment_bytes", "spool_max_bytes",
+        "decoder", "publication", "publication_mode", "publish_via_partition_root",
+        "messages", "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
+        "fsync_interval", "status_interval", "spool_segment_bytes", "spool_max_bytes",
         "slot_warn_bytes", "pg_recvlogical"}
     assert names["mysql"] - common == {
         "host", "port", "user", "password", "database", "server_id", "connect_timeout",
@@ -1187,6 +1188,24 @@ def test_every_bad_pattern_of_a_list_is_reported_together():
     assert [m.split(":")[0] for m in problems(pg(include_tables=["items[", "a.b.c", ""]))] == [
         "backends[0].include_tables[0]", "backends[0].include_tables[1]",
         "backends[0].include_tables[2]"]
+
+
+def test_publish_via_partition_root_is_refused_with_wal2json():
+    assert problems(pg(decoder="wal2json", publish_via_partition_root=True)) == [
+        'backends[0].publish_via_partition_root: true needs decoder = "pgoutput": wal2json '
+        'names every change by its partition and has no such option; set decoder = '
+        '"pgoutput" (switching needs a new slot, docs/postgresql.md#choosing-the-decoder) or '
+        "publish_via_partition_root = false"]
+
+
+def test_publish_via_partition_root_with_pgoutput_auto_or_false():
+    cfg = parse(pg(name="a", decoder="pgoutput", publish_via_partition_root=True),
+                pg(name="b", publish_via_partition_root="true"),
+                pg(name="c", decoder="wal2json", publish_via_partition_root=False))
+    assert [b.options["publish_via_partition_root"] for b in cfg.backends] == [True, True,
+                                                                              False]
+    assert problems(pg(publish_via_partition_root="yes")) == [
+        "backends[0].publish_via_partition_root: expected true or false, got \"yes\""]
 
 
 def test_tls_paths_are_relative_to_the_file_and_contradictions_are_refused():

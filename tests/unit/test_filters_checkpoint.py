@@ -31,6 +31,17 @@ def test_bare_pattern_matches_the_table_in_every_schema():
     assert table_filter.allows("public", "users")
 
 
+def test_a_table_known_by_several_names_is_judged_by_all():
+    """A partition and its partitioned parents (lapidus.workers.postgresql.partitions)."""
+    partition = [("public", "m1"), ("public", "m")]
+    assert TableFilter(include=["m"]).allows_any(partition)
+    assert TableFilter(include=["public.m1"]).allows_any(partition)
+    assert not TableFilter(include=["other"]).allows_any(partition)
+    assert not TableFilter(exclude=["m"]).allows_any(partition)
+    assert not TableFilter(include=["m"], exclude=["m1"]).allows_any(partition)
+    assert TableFilter().allows_any(partition)
+
+
 def test_bare_glob_matches_the_whole_table_name():
     table_filter = TableFilter(exclude=["audit_*"])
     assert not table_filter.allows("public", "audit_log")

@@ -15,16 +15,22 @@ Modes (like Debezium's ``publication.autocreate.mode``):
   differ.  Tables created later are added at the next start only;
 * ``existing``: use a publication the DBA made; never create or change it.
 
+``publish_via_partition_root`` (PostgreSQL 13+) is the publication option of that name: a
+publication Lapidus makes gets it, one it keeps (``all_tables``, ``filtered``) is changed to it,
+and an ``existing`` one must already have it.  pgoutput reads the option, like the table list,
+as of each change, so changing it renames only the changes written afterwards.
+
 Every failure is a fatal :class:`BackendError` naming the SQL that fixes it.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import psycopg2
 
 from ..base import BackendError
+from .partitions import describe_split, split_partitions
 from .pgoutput import quote_name
 
 MODES = ("all_tables", "filtered", "existing")
@@ -84,11 +90,15 @@ def _quote(name: str) -> str:
 
 
 def publication_info(conn, name: str) -> Optional[dict]:
-    rows = _rows(conn, "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
-                       "FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
+    """The publication's options, or None when it does not exist.  ``via_root`` is
+    ``pubviaroot``, false before PostgreSQL 13 (which had neither the column nor
+    partitioned tables in publications)."""
+    via_root = "pubviaroot" if conn.server_version >= 130000 else "false"
+    rows = _rows(conn, "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, "
+                       f"{via_root} FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
     if not rows:
         return None
-    keys = ("all_tables", "insert", "update", "delete", "truncate")
+    keys = ("all_tables", "insert", "update", "delete", "truncate", "via_root")
     return dict(zip(keys, rows[0]))
 
 
@@ -116,16 +126,26 @@ def tables_without_identity(conn, among: Optional[Sequence[Table]] = None) -> Li
 
 
 def ensure_publication(conn, *, backend: str, name: str, mode: str, table_filter,
-                       user: str = "") -> bool:
-    """Make publication ``name`` ready for ``mode``.  True when it was created now.
+                       user: str = "", via_root: bool = False,
+                       warn: Optional[Callable[..., None]] = None) -> bool:
+    """Make publication ``name`` ready for ``mode`` and ``via_root``
+    (``publish_via_partition_root``).  True when it was created now.
 
     Raises a fatal :class:`BackendError` (with the SQL that fixes it) when the publication is
-    missing in ``existing`` mode, when the role may not create or change it, or when creating
-    it would make UPDATE/DELETE fail on tables without a replica identity.
+    missing in ``existing`` mode or its ``publish_via_partition_root`` differs there, when the
+    role may not create or change it, when creating it would make UPDATE/DELETE fail on tables
+    without a replica identity, or when include/exclude judge a partition apart from the
+    parent its changes would arrive as.  ``warn(message, **fields)`` is told when the option
+    of an existing publication was changed.
     """
     if mode not in MODES:
         raise BackendError(f'backend "{backend}": unknown publication_mode "{mode}" '
                            f"(expected {', '.join(MODES)})", fatal=True)
+    if via_root and conn.server_version < 130000:
+        raise BackendError(
+            f'backend "{backend}": publish_via_partition_root = true needs PostgreSQL 13 or '
+            f"later (older servers cannot publish partitioned tables); upgrade the server or "
+            f"set publish_via_partition_root = false", fatal=True)
     info = publication_info(conn, name)
     ident = _quote(name)
     if mode == "existing":
@@ -133,13 +153,17 @@ def ensure_publication(conn, *, backend: str, name: str, mode: str, table_filter
             raise BackendError(
                 f'backend "{backend}": publication "{name}" does not exist, and '
                 f'publication_mode = "existing" never creates one; have the DBA run '
-                f"CREATE PUBLICATION {ident} FOR ALL TABLES; (or FOR TABLE ...), or set "
-                f'publication_mode = "all_tables" or "filtered"', fatal=True)
+                f"CREATE PUBLICATION {ident} FOR ALL TABLES{_with(via_root)}; (or FOR TABLE "
+                f'...), or set publication_mode = "all_tables" or "filtered"', fatal=True)
+        _refuse_other_via_root(backend, name, info["via_root"], via_root)
         return False
+    if via_root:
+        _refuse_split_partitions(backend, table_filter, all_tables=mode == "all_tables")
     if mode == "all_tables":
         if info is not None:
+            _ensure_via_root(conn, backend, name, info, via_root, user, warn)
             return False
-        statement = f"CREATE PUBLICATION {ident} FOR ALL TABLES"
+        statement = f"CREATE PUBLICATION {ident} FOR ALL TABLES{_with(via_root)}"
         _refuse_tables_without_identity(conn, backend, statement, None)
         _execute(conn, backend, statement, user, name)
         return True
@@ -152,7 +176,8 @@ def ensure_publication(conn, *, backend: str, name: str, mode: str, table_filter
             f"the tables first (Lapidus adds them at its next start) or fix the globs",
             fatal=True)
     if info is None:
-        statement = f"CREATE PUBLICATION {ident} FOR TABLE {table_list_sql(tables)}"
+        statement = (f"CREATE PUBLICATION {ident} FOR TABLE {table_list_sql(tables)}"
+                     f"{_with(via_root)}")
         _refuse_tables_without_identity(conn, backend, statement, tables)
         _execute(conn, backend, statement, user, name)
         return True
@@ -168,7 +193,67 @@ def ensure_publication(conn, *, backend: str, name: str, mode: str, table_filter
         statement = f"ALTER PUBLICATION {ident} SET TABLE {table_list_sql(tables)}"
         _refuse_tables_without_identity(conn, backend, statement, added)
         _execute(conn, backend, statement, user, name)
+    _ensure_via_root(conn, backend, name, info, via_root, user, warn)
     return False
+
+
+def _with(via_root: bool) -> str:
+    """The option clause of a CREATE PUBLICATION: PostgreSQL's default (false) is left
+    unsaid, so a backend without the setting creates what it always did."""
+    return " WITH (publish_via_partition_root = true)" if via_root else ""
+
+
+def _set_via_root(name: str, via_root: bool) -> str:
+    return (f"ALTER PUBLICATION {_quote(name)} SET (publish_via_partition_root = "
+            f"{str(via_root).lower()})")
+
+
+def _ensure_via_root(conn, backend: str, name: str, info: dict, via_root: bool, user: str,
+                     warn: Optional[Callable[..., None]]) -> None:
+    """Change the option of a publication Lapidus keeps when it differs from the setting.
+
+    Changes already written keep the naming they had: pgoutput reads the publication as of
+    each change (logical decoding's historic catalog), so the pending backlog, if any, still
+    arrives the old way.  Said in a warning, since consumers see both namings for a while.
+    """
+    if bool(info["via_root"]) == via_root:
+        return
+    statement = _set_via_root(name, via_root)
+    _execute(conn, backend, statement, user, name)
+    if warn is not None:
+        new, old = ("parent", "partitions") if via_root else ("partitions", "parent")
+        warn(f"publication changed: partitions' changes written from now on arrive as the "
+             f"{new}; those written before (the slot's backlog) still arrive as the {old}",
+             publication=name, publish_via_partition_root=via_root)
+
+
+def _refuse_other_via_root(backend: str, name: str, current: bool, wanted: bool) -> None:
+    """``existing`` mode: a publication whose option differs would name events otherwise
+    than the configuration says, and Lapidus may not change it."""
+    if bool(current) == wanted:
+        return
+    raise BackendError(
+        f'backend "{backend}": publication "{name}" has publish_via_partition_root = '
+        f"{str(bool(current)).lower()}, but the backend sets it to {str(wanted).lower()}, and "
+        f'publication_mode = "existing" never changes a publication; have the DBA run '
+        f"{_set_via_root(name, wanted)}; (changes written before it keep the old naming), or "
+        f"set publish_via_partition_root = {str(bool(current)).lower()} on the backend",
+        fatal=True)
+
+
+def _refuse_split_partitions(backend: str, table_filter, *, all_tables: bool) -> None:
+    """With publish_via_partition_root a partition's changes arrive as its parent: include /
+    exclude cannot then stream one partition and not the parent (or the reverse), and
+    would silently stream or drop rows they were meant not to."""
+    split = split_partitions(table_filter, all_tables=all_tables)
+    if not split:
+        return
+    raise BackendError(
+        f'backend "{backend}": publish_via_partition_root = true streams the changes of '
+        f"partitions as their parent, so include_tables/exclude_tables cannot judge a "
+        f"partition apart from it: {describe_split(split)}. Name the parent instead of its "
+        f"partitions in include_tables/exclude_tables, or set publish_via_partition_root = "
+        f"false", fatal=True)
 
 
 def _refuse_tables_without_identity(conn, backend: str, statement: str,
@@ -194,9 +279,7 @@ def _execute(conn, backend: str, statement: str, user: str, name: str) -> None:
     except psycopg2.Error as exc:
         text = (exc.pgerror or str(exc)).strip().splitlines()[0]
         if exc.pgcode == "42501":       # insufficient_privilege, must be owner ...
-            hint = "FOR ALL TABLES needs a superuser" if "ALL TABLES" in statement else \
-                "it needs CREATE on the database and ownership of the tables (and of the " \
-                "publication, to change it)"
+            hint = _privilege_hint(statement)
             raise BackendError(
                 f'backend "{backend}": role "{user or "?"}" may not run {statement} ({text}; '
                 f"{hint}); have a superuser run it, then restart, or set "
@@ -206,6 +289,16 @@ def _execute(conn, backend: str, statement: str, user: str, name: str) -> None:
             f'backend "{backend}": {statement} failed: {text}; fix the cause or create the '
             f'publication "{name}" yourself and set publication_mode = "existing"',
             fatal=True) from None
+
+
+def _privilege_hint(statement: str) -> str:
+    """What PostgreSQL requires for ``statement`` (one of those ensure_publication runs)."""
+    if "ALL TABLES" in statement:
+        return "FOR ALL TABLES needs a superuser"
+    if " SET (" in statement:
+        return "changing a publication's options needs ownership of the publication"
+    return ("it needs CREATE on the database and ownership of the tables (and of the "
+            "publication, to change it)")
 
 
 def check_slot_sees_publication(conn, *, backend: str, slot: str, publication: str) -> None:

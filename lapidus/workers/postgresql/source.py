@@ -30,6 +30,7 @@ from .checks import (check_encoding, check_server, choose_decoder, drop_slot, en
                      retained_wal, slot_info)
 from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
+from .partitions import partition_filter
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
 from .publications import (check_slot_sees_publication, drop_publication, ensure_publication,
                            explain_child_error, unmatched_includes)
@@ -118,9 +119,12 @@ class PostgresSource(Source):
         app = f"lapidus_{name}"
         self.catalog = Catalog(connect(self.options, name, app))
         conn = self.catalog.conn
-        table_filter = TableFilter(self.backend.include_tables, self.backend.exclude_tables)
+        # include/exclude naming a partitioned table cover its partitions (.partitions)
+        table_filter = partition_filter(conn, TableFilter(self.backend.include_tables,
+                                                          self.backend.exclude_tables))
         decoder_name = choose_decoder(conn, backend=name, slot=self.slot,
                                       configured=self.options.get("decoder") or "auto")
+        self._check_partition_root(decoder_name)
         check_server(conn, name, decoder_name)
         if not self._scope_checked:         # once per worker, not at every reconnect
             self._scope_checked = True
@@ -141,7 +145,9 @@ class PostgresSource(Source):
             publication_created = ensure_publication(
                 conn, backend=name, name=publication,
                 mode=self.options.get("publication_mode") or "all_tables",
-                table_filter=table_filter, user=self.options.get("user") or "")
+                table_filter=table_filter, user=self.options.get("user") or "",
+                via_root=bool(self.options.get("publish_via_partition_root")),
+                warn=self.log.warning)
             if publication_created:
                 self.log.info("publication created", publication=publication,
                               mode=self.options.get("publication_mode") or "all_tables")
@@ -190,6 +196,19 @@ class PostgresSource(Source):
             log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
         self._repair_tail()
         self._spawn()
+
+    def _check_partition_root(self, decoder_name: str) -> None:
+        """``publish_via_partition_root`` with ``decoder = "auto"`` that chose wal2json (an
+        existing wal2json slot, a server without pgoutput): ``lapidus -t`` refuses the explicit
+        combination, this is the same refusal once the decoder is known."""
+        if decoder_name == "pgoutput" or not self.options.get("publish_via_partition_root"):
+            return
+        raise BackendError(
+            f'backend "{self.backend.name}": publish_via_partition_root = true needs the '
+            f"pgoutput decoder, but this backend decodes with {decoder_name} (the plugin of "
+            f'slot "{self.slot}", or the only one the server allows), which names every change '
+            f"by its partition and has no such option; set publish_via_partition_root = false, "
+            f'or switch to decoder = "pgoutput" (a new slot, docs/postgresql.md)', fatal=True)
 
     def _prepare_snapshot(self, checkpoint: Optional[dict], decoder_name: str,
                           publication: str, table_filter: TableFilter) -> None:
