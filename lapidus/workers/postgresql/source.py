@@ -35,8 +35,10 @@ from .publications import (check_slot_sees_publication, drop_publication, ensure
                            explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .snapshot import PgSnapshot, backfill_table, snapshot_tables
+from .decoding import parse_lsn
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
+from .walstream import WalStream
 
 SLOT_CHECK_EVERY = 10.0
 
@@ -92,6 +94,13 @@ class PostgresSource(Source):
         self.snapshot_progress: Optional[SnapshotProgress] = None
         self.snapshot: Optional[PgSnapshot] = None
         self._run_at_open = RunAtOpen(self.options, self.log)
+        # cluster mode (share_state): the slot is the durable position, the spool a buffer
+        self.cluster = False
+
+    def share_state(self, store) -> None:
+        """Cluster mode: the checkpoint lives in the bucket, and the slot confirms only what
+        it covers (:mod:`.walstream`); nothing else is kept on this host."""
+        self.cluster = True
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -147,11 +156,14 @@ class PostgresSource(Source):
                               mode=self.options.get("publication_mode") or "all_tables")
         recreate = (self.options.get("temporary_slot") and checkpoint is not None
                     and slot_info(conn, self.slot) is None)
+        if self.cluster:
+            checkpoint_path = "the cluster bucket"
         created = ensure_slot(
             conn, backend=name, slot=self.slot, plugin=decoder_name,
             database=self.options["database"],
             has_checkpoint=checkpoint is not None and not recreate,
-            checkpoint_path=checkpoint_path)
+            checkpoint_path=checkpoint_path,
+            take_over=self._take_over if self.cluster else None)
         if recreate:
             self._gap = self._gap_batch(checkpoint)
         if created:
@@ -160,8 +172,12 @@ class PostgresSource(Source):
             check_slot_sees_publication(conn, backend=name, slot=self.slot,
                                         publication=publication)
         relation_log = None
+        if self.cluster:
+            checkpoint = self._fresh_spool(checkpoint)
         if decoder_name == "pgoutput":
             resume = (checkpoint["segment"], checkpoint["offset"]) if checkpoint else None
+            if self.cluster:
+                resume = None       # a new session: the server describes every relation again
             relation_log = RelationLog(Path(self.state_dir) / RELATION_LOG, resume)
         self._prepare_snapshot(checkpoint, decoder_name, publication, table_filter)
         self.decoder = make_decoder(
@@ -178,18 +194,67 @@ class PostgresSource(Source):
             offset = checkpoint["offset"]
         self.reader = SpoolReader(self.spool, start_segment, offset)
         self.assembler = TransactionAssembler(name, checkpoint)
-        try:
-            binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
-        except FileNotFoundError as exc:
-            raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
         self.watch = DirectoryWatch(str(self.spool.directory))
-        self.child = RecvLogical(
-            binary=binary, options=self.options,
-            slot=self.slot, output=self.spool.active_link,
-            plugin_options=self.decoder.plugin_options(),
-            log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
+        if self.cluster:
+            self.child = self._walstream(conn, app, checkpoint)
+        else:
+            try:
+                binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
+            except FileNotFoundError as exc:
+                raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
+            self.child = RecvLogical(
+                binary=binary, options=self.options,
+                slot=self.slot, output=self.spool.active_link,
+                plugin_options=self.decoder.plugin_options(),
+                log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
         self._repair_tail()
         self._spawn()
+
+    # -- cluster mode -----------------------------------------------------------------------
+
+    def _fresh_spool(self, checkpoint: Optional[dict]) -> Optional[dict]:
+        """Cluster mode: what the local spool holds is not this checkpoint's (another node may
+        have streamed since); drop it and read the slot from its confirmed position into new
+        segments, numbered after any the checkpoint names.  The transaction state stays: the
+        assembler skips what the checkpoint covers, a transaction partly delivered included."""
+        self.spool.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        existing = self.spool.segments()
+        first = max([checkpoint.get("segment") or 0 if checkpoint else 0] + existing) + 1
+        self.spool.delete_before(first)
+        self.spool.prepare(first_segment=first)
+        if checkpoint is None:
+            return None
+        # a replay under way in the old spool is no state of the new stream (it starts at a
+        # transaction's beginning)
+        return dict(checkpoint, segment=first, offset=0, replay=False)
+
+    def _walstream(self, conn, app: str, checkpoint: Optional[dict]) -> WalStream:
+        info = slot_info(conn, self.slot) or {}
+        floor = info.get("confirmed_flush_lsn")
+        child = WalStream(
+            options=self.options, slot=self.slot, output=self.spool.active_link,
+            plugin_options=self.decoder.plugin_options(),
+            log_path=Path(self.state_dir) / "walstream.log", application_name=app,
+            floor=parse_lsn(floor) if floor else 0)
+        if checkpoint is not None:
+            self._ack(child, checkpoint)
+        return child
+
+    @staticmethod
+    def _ack(child, checkpoint: dict) -> None:
+        """What the saved checkpoint lets the slot confirm: the commit LSN + 1 of its last
+        complete transaction (the server resends transactions committed at or after the
+        confirmed position, so an open one comes again whole)."""
+        last = checkpoint.get("last_lsn") or 0
+        child.ack(last + 1 if last else 0, checkpoint["segment"], checkpoint["offset"])
+
+    def _take_over(self, pid: int) -> None:
+        """The slot stays active for a server process after the grace: a walsender of the
+        previous owner (its host died or froze; the server keeps it until TCP gives up).  This
+        node holds the lease, so that owner's worker is stopped by now: end that walsender."""
+        self.log.warning("the replication slot is still active for a server process of the "
+                         "previous owner; this node holds the lease, terminating it",
+                         slot=self.slot, active_pid=pid)
 
     def _prepare_snapshot(self, checkpoint: Optional[dict], decoder_name: str,
                           publication: str, table_filter: TableFilter) -> None:
@@ -393,6 +458,8 @@ class PostgresSource(Source):
 
     def commit(self, checkpoint: Any) -> None:
         self.spool.delete_before(checkpoint["segment"])
+        if self.cluster and self.child is not None:
+            self._ack(self.child, checkpoint)
 
     def status(self) -> dict:
         """Spool size, and the spooled bytes not yet read (the source-side lag)."""
@@ -438,7 +505,11 @@ class PostgresSource(Source):
 
     def _spawn(self) -> None:
         self.child.start()
-        self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
+        if self.cluster:
+            self.log.info("replication reader started (cluster mode: confirms what the sinks "
+                          "acknowledged)", pid=self.child.pid, slot=self.slot)
+        else:
+            self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
 
     def _supervise_child(self) -> None:
         """Notice a dead pg_recvlogical; rotate the spool; pause at the spool cap.
@@ -465,11 +536,13 @@ class PostgresSource(Source):
     def _child_died(self, code: int) -> None:
         errors = self.child.recent_errors()
         self.child.proc = None
-        explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot)
+        program = "lapidus-walstream" if self.cluster else "pg_recvlogical"
+        explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot,
+                                        program=program)
         if explained:
             raise BackendError(explained, fatal=True)
-        error = child_error(errors, self.options, self.backend.name)
-        self.log.warning("pg_recvlogical exited", exit_code=code, error=str(error),
+        error = child_error(errors, self.options, self.backend.name, program=program)
+        self.log.warning(f"{program} exited", exit_code=code, error=str(error),
                          fatal=error.fatal)
         raise error
 
