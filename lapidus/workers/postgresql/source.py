@@ -96,11 +96,13 @@ class PostgresSource(Source):
         self._run_at_open = RunAtOpen(self.options, self.log)
         # cluster mode (share_state): the slot is the durable position, the spool a buffer
         self.cluster = False
+        self.node: Optional[str] = None
 
     def share_state(self, store) -> None:
         """Cluster mode: the checkpoint lives in the bucket, and the slot confirms only what
         it covers (:mod:`.walstream`); nothing else is kept on this host."""
         self.cluster = True
+        self.node = store.lease.cluster.node
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -124,7 +126,8 @@ class PostgresSource(Source):
 
     def _open(self, checkpoint: Optional[Any]) -> None:
         name = self.backend.name
-        app = f"lapidus_{name}"
+        # cluster mode: pg_stat_replication (application_name) shows which node streams
+        app = f"lapidus_{name}" + (f"@{self.node}" if self.node else "")
         self.catalog = Catalog(connect(self.options, name, app))
         conn = self.catalog.conn
         table_filter = TableFilter(self.backend.include_tables, self.backend.exclude_tables)
