@@ -12,7 +12,8 @@ drops nothing and resumes from the slot and that checkpoint (docs/cluster.md).
 * a node cut off from NATS stops its worker before the other node starts it: asserted on the
   ownership logs and on the slot's ``active_pid`` history (polled, each walsender named by its
   node in ``application_name``);
-* a clean hand-over of a PostgreSQL backend to a node that joins, nothing lost;
+* a clean hand-over of a PostgreSQL backend to a node that joins, nothing lost (pgoutput and
+  wal2json);
 * a frozen node (all its processes stopped) still holds the slot's walsender: the new owner
   terminates it after the grace and streams, every row once.
 """
@@ -264,11 +265,13 @@ def test_a_pg_node_cut_off_from_nats_lets_go_of_the_slot_before_another_node_sta
         proxy.close()
 
 
+@pytest.mark.parametrize("decoder", ["pgoutput", "wal2json"])
 def test_a_joining_node_takes_a_pg_backend_by_hand_over_with_nothing_lost(
-        nats_cluster, jetstream, pg_table, nodes):  # noqa: F811
+        nats_cluster, jetstream, pg_table, nodes, decoder):  # noqa: F811
     prefix, stream = jetstream
     urls = nats_cluster.urls
-    backends = [pg_backend(pg_table, name="pg1"), pg_backend(pg_table, name="pg2")]
+    backends = [pg_backend(pg_table, name="pg1", decoder=decoder),
+                pg_backend(pg_table, name="pg2", decoder=decoder)]
     a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
     wait_until(lambda: owner_of([a], "pg1") is a and owner_of([a], "pg2") is a, 30,
                message="node a streaming both backends")
