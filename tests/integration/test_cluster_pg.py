@@ -171,6 +171,27 @@ def beyond(checkpoint: dict, event_id: str) -> bool:
     return lsn > checkpoint["last_lsn"]
 
 
+def freeze_with_unsaved_events(node, backend: str, published: Publications, urls) -> float:
+    """SIGSTOP ``node``'s worker of ``backend`` once some event it published is not covered by
+    the checkpoint in the bucket (tried again, thawed in between, while it keeps up with the
+    load and everything published is saved); returns when it froze."""
+    worker = node.find(f"lapidus:{backend}")
+    deadline = time.monotonic() + 60
+    while True:
+        os.kill(worker, signal.SIGSTOP)
+        frozen_at = time.time()
+        until = time.monotonic() + 2
+        while time.monotonic() < until:
+            saved = bucket_checkpoint(urls, backend)["position"]
+            if any(beyond(saved, e["id"]) for e in published.between(0, time.time())):
+                return frozen_at
+            time.sleep(0.1)     # polling the stream and the bucket for the condition
+        assert time.monotonic() < deadline, "never an event published past the checkpoint"
+        before = published.count()
+        os.kill(worker, signal.SIGCONT)
+        wait_until(lambda: published.count() > before, 30, message="the thawed worker sending")
+
+
 # -- the tests ---------------------------------------------------------------------------------
 
 def test_a_killed_pg_owner_is_replaced_within_the_lease_and_replays_carry_the_same_ids(
@@ -187,14 +208,10 @@ def test_a_killed_pg_owner_is_replaced_within_the_lease_and_replays_carry_the_sa
                                "cluster" for r in b.records()), 30, message="node b connected")
         load = pg_load(pg_table.name, ROWS)
         wait_stream(urls, stream, 1500)
-        # Freeze a's worker: its dispatcher still publishes what it holds, but no checkpoint
-        # is saved for it any more, so the kill leaves events published past the checkpoint.
-        worker = a.find("lapidus:pgc")
-        os.kill(worker, signal.SIGSTOP)
-        frozen_at = time.time()
-        before = published.count()
-        wait_until(lambda: published.count() > before, 30,
-                   message="a's dispatcher publishing after its worker froze")
+        # Freeze a's worker (its dispatcher still publishes what it holds, no checkpoint is
+        # saved any more) at a moment when events it published lie past its saved checkpoint:
+        # the kill then leaves events that node b must publish again.
+        frozen_at = freeze_with_unsaved_events(a, "pgc", published, urls)
         killed_at = a.kill9()
         saved = bucket_checkpoint(urls, "pgc")["position"]
         started = wait_until(lambda: b.first_start_after("pgc", killed_at), LEASE_TTL + 30,
