@@ -28,6 +28,7 @@ from ..snapshot.run import SnapshotRefused
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
                      retained_wal, slot_info)
+from .decoding import parse_lsn
 from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
 from .pgoutput_relations import FILE_NAME as RELATION_LOG, RelationLog
@@ -35,7 +36,6 @@ from .publications import (check_slot_sees_publication, drop_publication, ensure
                            explain_child_error, unmatched_includes)
 from .recvlogical import RecvLogical, find_pg_recvlogical
 from .snapshot import PgSnapshot, backfill_table, snapshot_tables
-from .decoding import parse_lsn
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
 from .walstream import WalStream
@@ -222,7 +222,8 @@ class PostgresSource(Source):
         assembler skips what the checkpoint covers, a transaction partly delivered included."""
         self.spool.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         existing = self.spool.segments()
-        first = max([checkpoint.get("segment") or 0 if checkpoint else 0] + existing) + 1
+        named = (checkpoint or {}).get("segment") or 0
+        first = max([named] + existing) + 1
         self.spool.delete_before(first)
         self.spool.prepare(first_segment=first)
         if checkpoint is None:
