@@ -25,13 +25,17 @@ from .secrets import _collect_secrets, _scrub
 from .tables import _Table
 from .variables import _Expander
 
-#: the backend types whose whole resume position lives in the checkpoint, which cluster mode
-#: keeps in the bucket; the others would resume from files another node cannot read
-CLUSTER_TYPES = ("mysql", "mongo")
-CLUSTER_REFUSALS = {
-    "postgresql": "PostgreSQL backends cannot run in cluster mode yet: their resume position "
-                  "is this host's spool, which another node cannot read; run them on a Lapidus "
-                  "without [cluster] (or set enabled = false here)",
+#: the backend types that can move between nodes: their resume position is in the checkpoint,
+#: which cluster mode keeps in the bucket (PostgreSQL: and in the slot, which in cluster mode
+#: confirms only what the sinks acknowledged, docs/cluster.md)
+CLUSTER_TYPES = ("mysql", "mongo", "postgresql")
+CLUSTER_REFUSALS: dict = {}
+#: backend options that cannot work when the backend may move to another node
+CLUSTER_OPTION_REFUSALS = {
+    ("postgresql", "temporary_slot"):
+        "a temporary slot cannot run in cluster mode: it is dropped with the connection that "
+        "made it, so a backend that moves to another node would lose its position; use a "
+        "permanent slot (temporary_slot = false)",
 }
 MIN_LEASE_TTL = 3.0
 
@@ -144,9 +148,15 @@ class _Validator(_BackendReader, _Expander):
             self.problem("cluster.lease_ttl", f"must be at least {MIN_LEASE_TTL:g} seconds (it "
                          f"is renewed every third of it), got {ttl:g}")
         for index, backend in enumerate(backends):
-            if backend.type in CLUSTER_TYPES or not backend.options.get("enabled", True):
+            if not backend.options.get("enabled", True):
                 continue
-            self.problem(f"backends[{index}].type", CLUSTER_REFUSALS[backend.type])
+            if backend.type not in CLUSTER_TYPES:
+                self.problem(f"backends[{index}].type", CLUSTER_REFUSALS.get(
+                    backend.type, f"{backend.type} backends cannot run in cluster mode"))
+                continue
+            for (kind, option), reason in CLUSTER_OPTION_REFUSALS.items():
+                if backend.type == kind and backend.options.get(option):
+                    self.problem(f"backends[{index}].{option}", reason)
 
     def check_supervisor(self, supervisor: _Table) -> None:
         low, high = supervisor.values.get("backoff_initial"), supervisor.values.get("backoff_max")

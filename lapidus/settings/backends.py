@@ -82,7 +82,7 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
                     "63 at most", lambda v, c: pg_identifier(v["name"])), types=PG),
     Setting("temporary_slot", Bool(), "Drop the slot when the backend stops (demos, tests); "
             "the next start creates a new one and emits a `gap` event: changes made while "
-            "stopped are lost (docs/postgresql.md).", False, types=PG),
+            "stopped are lost (docs/postgresql.md). Refused in cluster mode.", False, types=PG),
     Setting("decoder", Choice("auto", "pgoutput", "wal2json"),
             "Logical decoding output plugin. `auto`: the plugin of an existing slot, else "
             "`pgoutput` when the server allows it (built in, the default), else `wal2json`. "
@@ -118,8 +118,10 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("sslkey", PathKind(), "The client certificate's private key (libpq `sslkey`); "
             "libpq refuses it unless its mode is 0600 (or 0640 owned by root).", types=PG),
     Setting("fsync_interval", Seconds(), "How often `pg_recvlogical` fsyncs the spool (and "
-            "so confirms the slot).", 1.0, types=PG),
-    Setting("status_interval", Seconds(), "How often `pg_recvlogical` reports to the server.",
+            "so confirms the slot). Unused in cluster mode, where the slot confirms what the "
+            "sinks acknowledged (docs/cluster.md).", 1.0, types=PG),
+    Setting("status_interval", Seconds(), "How often `pg_recvlogical` (in cluster mode: "
+            "the replication reader, with what the sinks acknowledged) reports to the server.",
             1.0, types=PG),
     Setting("spool_segment_bytes", ByteSize(), "Spool file size at which a new segment starts.",
             64 * 2**20, types=PG),

@@ -75,18 +75,26 @@ def test_servers_are_required_and_an_unknown_key_is_named():
         "bucket)"]
 
 
-def test_postgresql_backends_are_refused_in_cluster_mode_with_the_reason():
-    found = problems({"servers": ["nats://a:4222"]}, mysql(),
-                     {"name": "pg", "type": "postgresql", "database": "shop"},
-                     {"name": "docs", "type": "mongo", "uri": "mongodb://db/docs"})
-    assert len(found) == 1
-    assert found[0].startswith("backends[1].type: PostgreSQL backends cannot run in cluster "
-                               "mode yet: their resume position is this host's spool")
-
-
-def test_a_disabled_postgresql_backend_is_fine_in_cluster_mode():
+def test_postgresql_backends_run_in_cluster_mode():
     config = parse({"servers": ["nats://a:4222"]}, mysql(),
-                   {"name": "pg", "type": "postgresql", "database": "shop", "enabled": False})
+                   {"name": "pg", "type": "postgresql", "database": "shop"},
+                   {"name": "docs", "type": "mongo", "uri": "mongodb://db/docs"})
+    assert [b.type for b in config.backends] == ["mysql", "postgresql", "mongo"]
+
+
+def test_a_temporary_slot_is_refused_in_cluster_mode_with_the_reason():
+    found = problems({"servers": ["nats://a:4222"]}, mysql(),
+                     {"name": "pg", "type": "postgresql", "database": "shop",
+                      "temporary_slot": True})
+    assert len(found) == 1
+    assert found[0].startswith("backends[1].temporary_slot: a temporary slot cannot run in "
+                               "cluster mode: it is dropped with the connection")
+
+
+def test_a_disabled_postgresql_backend_with_a_temporary_slot_is_fine_in_cluster_mode():
+    config = parse({"servers": ["nats://a:4222"]}, mysql(),
+                   {"name": "pg", "type": "postgresql", "database": "shop", "enabled": False,
+                    "temporary_slot": True})
     assert config.cluster is not None
 
 

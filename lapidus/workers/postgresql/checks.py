@@ -173,11 +173,17 @@ def slot_info(conn, slot: str) -> Optional[dict]:
 
 
 def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
-                has_checkpoint: bool, checkpoint_path: str, wait_active: float = 10.0) -> bool:
+                has_checkpoint: bool, checkpoint_path: str, wait_active: float = 10.0,
+                take_over=None) -> bool:
     """Make sure ``slot`` exists for ``plugin`` on ``database`` and nobody else streams it.
 
     Returns True when the slot was created now.  A missing slot while a checkpoint exists means
     the server dropped our position: that is an error, never a silent restart from "now".
+
+    ``take_over`` (cluster mode, where this node holds the backend's lease): a slot still
+    active after ``TAKEOVER_GRACE`` seconds is held by a walsender of the previous owner
+    (whose host died or froze: the server keeps the connection until TCP gives up); that
+    walsender is terminated (``take_over(pid)`` is told first) instead of waiting.
     """
     info = slot_info(conn, slot)
     if info is None:
@@ -205,8 +211,14 @@ def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
             f"slot (SELECT pg_drop_replication_slot('{slot}');), then "
             f"{RECOVER_LOST_POSITION}", fatal=True)
     deadline = time.monotonic() + wait_active
+    take_over_at = time.monotonic() + TAKEOVER_GRACE if take_over is not None else None
     while info and info["active"]:
         # A pg_recvlogical of ours that just died may hold the slot for a moment longer.
+        if take_over_at is not None and time.monotonic() > take_over_at and info["active_pid"]:
+            take_over(info["active_pid"])
+            _one(conn, "SELECT pg_terminate_backend(%s)", (info["active_pid"],))
+            take_over_at = None
+            deadline = time.monotonic() + wait_active
         if time.monotonic() > deadline:
             raise BackendError(
                 f'backend "{backend}": slot "{slot}" is in use by server process '
@@ -215,6 +227,11 @@ def ensure_slot(conn, *, backend: str, slot: str, plugin: str, database: str,
         time.sleep(0.2)
         info = slot_info(conn, slot)
     return False
+
+
+#: seconds a slot may stay active for another server process before a cluster node that holds
+#: the backend's lease terminates that process (docs/cluster.md)
+TAKEOVER_GRACE = 5.0
 
 
 def create_slot(conn, *, backend: str, slot: str, plugin: str) -> None:

@@ -149,19 +149,21 @@ def query_error(exc: BaseException, options: dict, backend: str, doing: str) -> 
         f"{doing}: {reason}; {_transient_hint(text.lower())} (reconnecting)")
 
 
-def child_error(errors: str, options: dict, backend: str) -> BackendError:
-    """A pg_recvlogical that exited, judged by the tail of its log (``errors``)."""
+def child_error(errors: str, options: dict, backend: str,
+                program: str = "pg_recvlogical") -> BackendError:
+    """A pg_recvlogical (or, in cluster mode, ``program`` lapidus-walstream) that exited,
+    judged by the tail of its log (``errors``)."""
     lines = [line.strip() for line in errors.splitlines() if line.strip()]
     slot = _SLOT_MISSING.search(errors)
     if slot:
         return BackendError(
-            f'backend "{backend}": pg_recvlogical failed: replication slot "{slot.group(1)}" '
+            f'backend "{backend}": {program} failed: replication slot "{slot.group(1)}" '
             f"does not exist (dropped while Lapidus streamed); changes since the checkpoint "
             f"are gone from the server: {RECOVER_LOST_POSITION}", fatal=True)
     for marker in ("may not be used as an output plugin", "could not access file"):
         for line in reversed(lines):
             if marker in line:
-                return BackendError(f'backend "{backend}": pg_recvlogical failed: {line}',
+                return BackendError(f'backend "{backend}": {program} failed: {line}',
                                     fatal=True)
     fatal = _fatal_reason(errors, options, backend)
     if fatal:
@@ -171,6 +173,6 @@ def child_error(errors: str, options: dict, backend: str) -> BackendError:
                    if "error:" in line.lower() and "disconnected" not in line.lower()),
                   lines[-1] if lines else "exited without a message")
     return BackendError(
-        f'backend "{backend}": pg_recvlogical lost its connection to PostgreSQL at '
+        f'backend "{backend}": {program} lost its connection to PostgreSQL at '
         f"{_where(options)}: {reason}; {_transient_hint(errors.lower())} (reconnecting from "
         f"the last confirmed position)")

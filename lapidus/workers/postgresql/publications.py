@@ -327,7 +327,8 @@ def check_slot_sees_publication(conn, *, backend: str, slot: str, publication: s
             fatal=True) from None
 
 
-def explain_child_error(errors: str, *, backend: str, slot: str) -> Optional[str]:
+def explain_child_error(errors: str, *, backend: str, slot: str,
+                        program: str = "pg_recvlogical") -> Optional[str]:
     """The operator's message for a pg_recvlogical that died of a missing publication.
 
     ``errors`` is the tail of pg_recvlogical's log, whose last line is only
@@ -338,7 +339,7 @@ def explain_child_error(errors: str, *, backend: str, slot: str) -> Optional[str
         if "ERROR:" in line and "publication" in line and "does not exist" in line:
             reason = line.split("ERROR:", 1)[1].strip()
             return (
-                f'backend "{backend}": pg_recvlogical stopped: {reason}, as of a change still '
+                f'backend "{backend}": {program} stopped: {reason}, as of a change still '
                 f'pending in slot "{slot}": the publication was dropped, or created after that '
                 f"change was written (pgoutput reads publications as they were at each change). "
                 f"Re-create it if it is gone (CREATE PUBLICATION ... FOR ALL TABLES;). The "

@@ -28,6 +28,7 @@ from ..snapshot.run import SnapshotRefused
 from .catalog import Catalog, connect
 from .checks import (check_encoding, check_server, choose_decoder, drop_slot, ensure_slot,
                      retained_wal, slot_info)
+from .decoding import parse_lsn
 from .errors import child_error, query_error
 from .fswatch import DirectoryWatch
 from .partitions import partition_filter
@@ -38,6 +39,7 @@ from .recvlogical import RecvLogical, find_pg_recvlogical
 from .snapshot import PgSnapshot, backfill_table, snapshot_tables
 from .spool import Spool, SpoolReader
 from .transactions import TransactionAssembler
+from .walstream import WalStream
 
 SLOT_CHECK_EVERY = 10.0
 
@@ -93,6 +95,15 @@ class PostgresSource(Source):
         self.snapshot_progress: Optional[SnapshotProgress] = None
         self.snapshot: Optional[PgSnapshot] = None
         self._run_at_open = RunAtOpen(self.options, self.log)
+        # cluster mode (share_state): the slot is the durable position, the spool a buffer
+        self.cluster = False
+        self.node: Optional[str] = None
+
+    def share_state(self, store) -> None:
+        """Cluster mode: the checkpoint lives in the bucket, and the slot confirms only what
+        it covers (:mod:`.walstream`); nothing else is kept on this host."""
+        self.cluster = True
+        self.node = store.lease.cluster.node
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -116,7 +127,8 @@ class PostgresSource(Source):
 
     def _open(self, checkpoint: Optional[Any]) -> None:
         name = self.backend.name
-        app = f"lapidus_{name}"
+        # cluster mode: pg_stat_replication (application_name) shows which node streams
+        app = f"lapidus_{name}" + (f"@{self.node}" if self.node else "")
         self.catalog = Catalog(connect(self.options, name, app))
         conn = self.catalog.conn
         # include/exclude naming a partitioned table cover its partitions (.partitions)
@@ -153,11 +165,14 @@ class PostgresSource(Source):
                               mode=self.options.get("publication_mode") or "all_tables")
         recreate = (self.options.get("temporary_slot") and checkpoint is not None
                     and slot_info(conn, self.slot) is None)
+        if self.cluster:
+            checkpoint_path = "the cluster bucket"
         created = ensure_slot(
             conn, backend=name, slot=self.slot, plugin=decoder_name,
             database=self.options["database"],
             has_checkpoint=checkpoint is not None and not recreate,
-            checkpoint_path=checkpoint_path)
+            checkpoint_path=checkpoint_path,
+            take_over=self._take_over if self.cluster else None)
         if recreate:
             self._gap = self._gap_batch(checkpoint)
         if created:
@@ -166,8 +181,12 @@ class PostgresSource(Source):
             check_slot_sees_publication(conn, backend=name, slot=self.slot,
                                         publication=publication)
         relation_log = None
+        if self.cluster:
+            checkpoint = self._fresh_spool(checkpoint)
         if decoder_name == "pgoutput":
             resume = (checkpoint["segment"], checkpoint["offset"]) if checkpoint else None
+            if self.cluster:
+                resume = None       # a new session: the server describes every relation again
             relation_log = RelationLog(Path(self.state_dir) / RELATION_LOG, resume)
         self._prepare_snapshot(checkpoint, decoder_name, publication, table_filter)
         self.decoder = make_decoder(
@@ -184,16 +203,19 @@ class PostgresSource(Source):
             offset = checkpoint["offset"]
         self.reader = SpoolReader(self.spool, start_segment, offset)
         self.assembler = TransactionAssembler(name, checkpoint)
-        try:
-            binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
-        except FileNotFoundError as exc:
-            raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
         self.watch = DirectoryWatch(str(self.spool.directory))
-        self.child = RecvLogical(
-            binary=binary, options=self.options,
-            slot=self.slot, output=self.spool.active_link,
-            plugin_options=self.decoder.plugin_options(),
-            log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
+        if self.cluster:
+            self.child = self._walstream(conn, app, checkpoint)
+        else:
+            try:
+                binary = find_pg_recvlogical(self.options.get("pg_recvlogical"))
+            except FileNotFoundError as exc:
+                raise BackendError(f'backend "{name}": {exc}', fatal=True) from None
+            self.child = RecvLogical(
+                binary=binary, options=self.options,
+                slot=self.slot, output=self.spool.active_link,
+                plugin_options=self.decoder.plugin_options(),
+                log_path=Path(self.state_dir) / "pg_recvlogical.log", application_name=app)
         self._repair_tail()
         self._spawn()
 
@@ -209,6 +231,53 @@ class PostgresSource(Source):
             f'slot "{self.slot}", or the only one the server allows), which names every change '
             f"by its partition and has no such option; set publish_via_partition_root = false, "
             f'or switch to decoder = "pgoutput" (a new slot, docs/postgresql.md)', fatal=True)
+
+    # -- cluster mode -----------------------------------------------------------------------
+
+    def _fresh_spool(self, checkpoint: Optional[dict]) -> Optional[dict]:
+        """Cluster mode: what the local spool holds is not this checkpoint's (another node may
+        have streamed since); drop it and read the slot from its confirmed position into new
+        segments, numbered after any the checkpoint names.  The transaction state stays: the
+        assembler skips what the checkpoint covers, a transaction partly delivered included."""
+        self.spool.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        existing = self.spool.segments()
+        named = (checkpoint or {}).get("segment") or 0
+        first = max([named] + existing) + 1
+        self.spool.delete_before(first)
+        self.spool.prepare(first_segment=first)
+        if checkpoint is None:
+            return None
+        # a replay under way in the old spool is no state of the new stream (it starts at a
+        # transaction's beginning)
+        return dict(checkpoint, segment=first, offset=0, replay=False)
+
+    def _walstream(self, conn, app: str, checkpoint: Optional[dict]) -> WalStream:
+        info = slot_info(conn, self.slot) or {}
+        floor = info.get("confirmed_flush_lsn")
+        child = WalStream(
+            options=self.options, slot=self.slot, output=self.spool.active_link,
+            plugin_options=self.decoder.plugin_options(),
+            log_path=Path(self.state_dir) / "walstream.log", application_name=app,
+            floor=parse_lsn(floor) if floor else 0)
+        if checkpoint is not None:
+            self._ack(child, checkpoint)
+        return child
+
+    @staticmethod
+    def _ack(child, checkpoint: dict) -> None:
+        """What the saved checkpoint lets the slot confirm: the commit LSN + 1 of its last
+        complete transaction (the server resends transactions committed at or after the
+        confirmed position, so an open one comes again whole)."""
+        last = checkpoint.get("last_lsn") or 0
+        child.ack(last + 1 if last else 0, checkpoint["segment"], checkpoint["offset"])
+
+    def _take_over(self, pid: int) -> None:
+        """The slot stays active for a server process after the grace: a walsender of the
+        previous owner (its host died or froze; the server keeps it until TCP gives up).  This
+        node holds the lease, so that owner's worker is stopped by now: end that walsender."""
+        self.log.warning("the replication slot is still active for a server process of the "
+                         "previous owner; this node holds the lease, terminating it",
+                         slot=self.slot, active_pid=pid)
 
     def _prepare_snapshot(self, checkpoint: Optional[dict], decoder_name: str,
                           publication: str, table_filter: TableFilter) -> None:
@@ -412,6 +481,8 @@ class PostgresSource(Source):
 
     def commit(self, checkpoint: Any) -> None:
         self.spool.delete_before(checkpoint["segment"])
+        if self.cluster and self.child is not None:
+            self._ack(self.child, checkpoint)
 
     def status(self) -> dict:
         """Spool size, and the spooled bytes not yet read (the source-side lag)."""
@@ -457,7 +528,11 @@ class PostgresSource(Source):
 
     def _spawn(self) -> None:
         self.child.start()
-        self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
+        if self.cluster:
+            self.log.info("replication reader started (cluster mode: confirms what the sinks "
+                          "acknowledged)", pid=self.child.pid, slot=self.slot)
+        else:
+            self.log.info("pg_recvlogical started", pid=self.child.pid, slot=self.slot)
 
     def _supervise_child(self) -> None:
         """Notice a dead pg_recvlogical; rotate the spool; pause at the spool cap.
@@ -484,11 +559,13 @@ class PostgresSource(Source):
     def _child_died(self, code: int) -> None:
         errors = self.child.recent_errors()
         self.child.proc = None
-        explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot)
+        program = "lapidus-walstream" if self.cluster else "pg_recvlogical"
+        explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot,
+                                        program=program)
         if explained:
             raise BackendError(explained, fatal=True)
-        error = child_error(errors, self.options, self.backend.name)
-        self.log.warning("pg_recvlogical exited", exit_code=code, error=str(error),
+        error = child_error(errors, self.options, self.backend.name, program=program)
+        self.log.warning(f"{program} exited", exit_code=code, error=str(error),
                          fatal=error.fatal)
         raise error
 
