@@ -5,7 +5,7 @@ Runs in its own process, forked by the supervisor in cluster mode, around one as
 with one NATS connection (the nats plugin's :class:`~lapidus.sinks.nats.connection.Connection`,
 so credentials, TLS and reconnection behave as for the sink).  Every tick it
 
-1. renews the leases it holds and its node record, each due every ``lease_ttl / 3``
+1. renews the leases it holds and its node record, each due every ``lease_ttl / 5``
    (compare-and-set on the revision; a refused one means another node took the lease over),
 2. reads every backend's lease and the node records (an entry unchanged for ``lease_ttl`` on
    this node's clock is expired),

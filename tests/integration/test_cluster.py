@@ -201,10 +201,10 @@ def test_one_nats_server_killed_stops_nothing(nats_cluster, setup, nodes):  # no
     prefix, stream = setup
     backends = [lapidus_backend("crm"), lapidus_backend("shop")]
     urls = nats_cluster.urls
-    # a NATS server's death costs its streams a leader election (seconds): a lease that
-    # outlasts it rides it out, which is what lease_ttl is for
-    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=12)
-    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=12)
+    # a NATS server's death costs its streams a leader election (seconds): with the default
+    # lease_ttl a renewal gap of up to 0.4 * lease_ttl (6 s) stops nothing
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=15)
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=15)
     wait_until(lambda: owner_of([a, b], "crm") and owner_of([a, b], "shop")
                and owner_of([a, b], "crm") is not owner_of([a, b], "shop"), 60,
                message="one backend on each node")

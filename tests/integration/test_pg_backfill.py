@@ -132,11 +132,21 @@ def test_cancel_stops_a_running_backfill_and_the_next_one_runs(pg_db, lapidus_fa
     pg_db.sql("CREATE TABLE other (id int PRIMARY KEY)",
               "INSERT INTO other SELECT generate_series(1, 5)")
     proc = streaming(lapidus_factory, pg_db, snapshot_chunk_rows=100, max_inflight_batches=1)
-    assert ctl(proc.config_path, "backfill", "pg", "t")[0] == 0
-    assert ctl(proc.config_path, "backfill", "pg", "other")[0] == 0
-    until(proc, lambda: snapshot_state(proc).get("rows", 0) >= 1000, 60, "the backfill to run")
-    code, out, err = ctl(proc.config_path, "backfill", "pg", "t", "--cancel")
-    assert code == 0 and "cancelled backfill 1 of t" in out, err
+    # The dispatcher frozen, the worker can have one batch in flight and no more: the backfill
+    # is certainly running, and far from its end, when the cancel reaches the worker (a
+    # 100k-row table reads in a second or two, faster than a status report and lapidusctl).
+    dispatcher = proc.worker_pid("dispatch")
+    os.kill(dispatcher, signal.SIGSTOP)
+    try:
+        assert ctl(proc.config_path, "backfill", "pg", "t")[0] == 0
+        assert ctl(proc.config_path, "backfill", "pg", "other")[0] == 0
+        until(proc, lambda: snapshot_state(proc).get("rows", 0) >= 100, 60,
+              "the backfill to run")
+        code, out, err = ctl(proc.config_path, "backfill", "pg", "t", "--cancel")
+        assert code == 0 and "cancelled backfill 1 of t" in out, err
+        proc.wait_log('"snapshot cancelled"', 30)
+    finally:
+        os.kill(dispatcher, signal.SIGCONT)
     until(proc, lambda: snapshot_state(proc).get("n") == 2 and
           snapshot_state(proc).get("state") == "done", 60, "the queued backfill to run")
     events = proc.events()
