@@ -38,8 +38,9 @@ from .replay import ReplayBuffer, text_frame
 #: above it the client counts as behind and is fed from the replay buffer as it drains
 WRITE_LIMIT = 1 << 20
 CLOSE_TIMEOUT = 10.0
-#: socket writes a second to all clients together, at most, while events keep coming
-WRITE_BUDGET = 20_000
+#: while events keep coming, the pause after writing to the clients is this many times the
+#: CPU time those writes took: at most half the dispatcher's CPU goes to client writes
+WRITE_PAUSE_FACTOR = 1.0
 PARAMETERS = ("subjects", "after", "token")
 
 # The library's own log lines (handshake failures with tracebacks) stay out of Lapidus's log;
@@ -96,6 +97,7 @@ class Hub:
         self.published: Dict[str, int] = {}       # backend -> events handed to the clients
         self._flush: Optional[asyncio.TimerHandle] = None
         self._flushed_at = 0.0
+        self._pause = 0.0                         # seconds, after the last writes
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -314,16 +316,17 @@ class Hub:
 
     def added(self) -> None:
         """New events are in a replay buffer (:meth:`WebsocketSink.send`): write them to the
-        clients now, or, when the last writes were less than ``clients / WRITE_BUDGET``
-        seconds ago, at that time, with whatever else came meanwhile.  A socket write costs
-        about as much as the Python around it: at 1,000 batches a second and 200 clients,
-        one write per client and batch would take the dispatcher's whole CPU.  An idle sink
-        writes at once; a busy one writes each client at most every 10 ms at 200 clients
-        (50 us at one client)."""
+        clients now, or, when the last writes ended less than a pause ago, at the pause's
+        end, with whatever else came meanwhile.  The pause is the CPU time the last writes
+        took (``WRITE_PAUSE_FACTOR``): a socket write costs about as much as the Python
+        around it, and at 1,000 batches a second and 200 clients one write per client and
+        batch would take the dispatcher's whole CPU.  So an idle sink writes at once, and a
+        busy one gathers events for as long as its last writes cost, which grows with the
+        clients and what the writes cost on this host, not with a fixed figure."""
         if self._flush is not None:
             return
         loop = asyncio.get_running_loop()
-        delay = self._flushed_at + len(self.clients) / WRITE_BUDGET - loop.time()
+        delay = self._flushed_at + self._pause - loop.time()
         if delay <= 0:
             self.flush()
         else:
@@ -331,12 +334,14 @@ class Hub:
 
     def flush(self) -> None:
         self._flush = None
+        # CPU time, not wall time: writes preempted on a crowded host do not lengthen the pause
+        started = time.thread_time()
         for backend, buffer in self.buffers.items():
             start = self.published.get(backend, 0)
             if start < buffer.head:
                 self.publish(backend, start)
-        # from the end of the writes: the pause after them is never shorter than the budget
-        # says, however long they took
+        self._pause = (time.thread_time() - started) * WRITE_PAUSE_FACTOR
+        # from the end of the writes: the pause follows them, however long they took
         self._flushed_at = asyncio.get_running_loop().time()
 
     def publish(self, backend: str, start: int) -> None:
