@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.chaos --minutes 10 --seed 1
     .venv/bin/python -m bench.chaos --minutes 3 --faults kill_worker_pg,cut_nats --settle
     .venv/bin/python -m bench.chaos --minutes 2 --faults stop_worker_pg --settle
-    .venv/bin/python -m bench.chaos --cluster --minutes 3 --faults kill_node,kill_nats_server --settle
+    .venv/bin/python -m bench.chaos --cluster --minutes 3 --settle \
+        --faults kill_node,kill_nats_server
 
 Exit status 0 when nothing was lost, reordered or duplicated and Lapidus recovered from every
 fault; 1 otherwise (the report says what, the work directory is kept); 2 on bad arguments.
