@@ -43,7 +43,10 @@ def configure(fmt: str = "auto", level: str = "info", process: Optional[str] = N
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per record, newline included: the supervisor and its children share
+        # standard error, and print() writes the newline separately when it is unbuffered
+        # (PYTHONUNBUFFERED=1), so another process's record could land inside a line
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()

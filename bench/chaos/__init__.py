@@ -18,6 +18,11 @@ Lapidus streams a PostgreSQL and a MariaDB table into a dedicated JetStream stre
   and compares it with the ledger: nothing lost, per-key order, duplicates only as repeated
   ids.
 
+In cluster mode (``--cluster``) several Lapidus nodes (:mod:`bench.chaos.cluster_nodes`) share
+the backends through a private three-server NATS cluster (:mod:`bench.chaos.nats_cluster`); the
+faults kill or freeze a node and kill a nats-server, and the nodes' logs must show no backend
+streamed by two nodes at once.
+
 :mod:`bench.chaos.run` ties them together; docs/dev/chaos.md describes the options and the report.
 The short variant runs in CI as tests/integration/test_chaos.py.
 """

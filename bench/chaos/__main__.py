@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.chaos --minutes 10 --seed 1
     .venv/bin/python -m bench.chaos --minutes 3 --faults kill_worker_pg,cut_nats --settle
     .venv/bin/python -m bench.chaos --minutes 2 --faults stop_worker_pg --settle
+    .venv/bin/python -m bench.chaos --cluster --minutes 3 --settle \
+        --faults kill_node,kill_nats_server
 
 Exit status 0 when nothing was lost, reordered or duplicated and Lapidus recovered from every
 fault; 1 otherwise (the report says what, the work directory is kept); 2 on bad arguments.
@@ -15,7 +17,7 @@ import json
 import sys
 import time
 
-from .faults import CI_KINDS, KINDS, NEW_KINDS
+from .faults import CLUSTER_KINDS, default_kinds, refused
 from .run import ChaosOptions, format_result, run_chaos
 
 
@@ -29,8 +31,10 @@ def parse(argv):
                         help="transactions per second per backend (default 60)")
     parser.add_argument("--interval", type=float, default=4.0,
                         help="mean seconds between two faults (default 4)")
-    parser.add_argument("--faults", default=",".join(KINDS),
-                        help=f"comma-separated fault kinds (default: all): {', '.join(KINDS)}")
+    parser.add_argument("--faults", default=None,
+                        help=f"comma-separated fault kinds (default: every kind of the mode): "
+                             f"{', '.join(default_kinds(False))}; with --cluster: "
+                             f"{', '.join(default_kinds(True))}")
     parser.add_argument("--no-pg-restart", action="store_true",
                         help="leave out pg_restart (it cuts every session on the shared "
                              "PostgreSQL, other people's tests included)")
@@ -61,12 +65,23 @@ def parse(argv):
                                           "(default: a new temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", action="store_true", help="print the result as JSON too")
+    parser.add_argument("--cluster", action="store_true",
+                        help="cluster mode: several Lapidus nodes with [cluster] and a private "
+                             f"three-server NATS cluster; fault kinds {', '.join(CLUSTER_KINDS)}")
+    parser.add_argument("--nodes", type=int, default=2,
+                        help="with --cluster: how many Lapidus nodes (default 2)")
+    parser.add_argument("--lease-ttl", type=float, default=5.0,
+                        help="with --cluster: the nodes' lease_ttl in seconds (default 5)")
     args = parser.parse_args(argv)
-    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)} "
-                     f"(CI uses {', '.join(CI_KINDS)}, then {', '.join(NEW_KINDS)})")
+    kinds = (default_kinds(args.cluster) if args.faults is None
+             else [k.strip() for k in args.faults.split(",") if k.strip()])
+    problem = refused(kinds, args.cluster)
+    if problem:
+        parser.error(problem)
+    if args.cluster and args.nats != "private":
+        parser.error("--cluster runs its own NATS cluster: --nats shared makes no sense with it")
+    if args.cluster and args.nodes < 2:
+        parser.error("--cluster needs --nodes 2 or more (a takeover needs another node)")
     if "dead_letter" in kinds and args.nats != "private":
         parser.error("dead_letter needs --nats private (the run sets its max_payload)")
     if args.no_pg_restart:
@@ -77,7 +92,8 @@ def parse(argv):
         duplicate_window=args.duplicate_window, workdir=args.workdir, keep=args.keep,
         bystander=not args.no_bystander, final_timeout=args.final_timeout,
         recovery_timeout=args.recovery_timeout, heartbeat_timeout=args.heartbeat_timeout,
-        max_payload=args.max_payload)
+        max_payload=args.max_payload, cluster=args.cluster, nodes=args.nodes,
+        lease_ttl=args.lease_ttl)
 
 
 def main(argv=None) -> int:

@@ -3,10 +3,12 @@
 A :class:`ClusterNode` is a ``lapidus -c CONFIG`` with a ``[cluster]`` table and its own state
 directory.  The supervisor logs ``cluster: streaming this backend here`` when it starts a
 backend's worker on its lease and ``cluster: stopped streaming this backend here`` when that
-worker has exited (reaped); :func:`streaming_intervals` turns those into wall-clock intervals,
-and :func:`overlaps` finds two nodes streaming one backend at once.  A node killed with
-``kill -9`` (:meth:`ClusterNode.kill9`, the whole process group: a machine that dies) logs
-no end: its intervals end at the kill.
+worker has exited (reaped); :meth:`ClusterNode.intervals` turns those into wall-clock
+intervals, and :func:`overlaps` finds two nodes streaming one backend at once.  A node killed
+with ``kill -9`` (:meth:`ClusterNode.kill9`, the whole process group: a machine that dies) logs
+no end: its intervals end at the kill.  A worker that stopped itself because its lease was not
+renewed in time (its supervisor frozen) ends its interval when it logs so, not when the
+supervisor reaps it after thawing.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .lapidus import LapidusProcess
 
 STARTED = "cluster: streaming this backend here"
 STOPPED = "cluster: stopped streaming this backend here"
+LEASE_LOST = "this node does not hold this backend's lease any more; stopping at once"
 
 Interval = Tuple[str, str, float, float]      # node, backend, start, end (epoch seconds)
 
@@ -41,17 +44,22 @@ class ClusterNode(LapidusProcess):
         workdir.mkdir(parents=True, exist_ok=True)
         super().__init__(config, workdir)
         self.name = name
-        self.killed_at: Optional[float] = None      # time.time() of the kill -9
+        self.kills: List[float] = []      # time.time() of each kill -9
+
+    @property
+    def killed_at(self) -> Optional[float]:
+        """The time of the last kill -9 (None: never killed)."""
+        return self.kills[-1] if self.kills else None
 
     def kill9(self) -> float:
         """SIGKILL the node's whole process group at once; returns the time of the kill."""
-        self.killed_at = time.time()
+        self.kills.append(time.time())
         try:
             os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(10)
-        return self.killed_at
+        return self.kills[-1]
 
     def intervals(self) -> List[Interval]:
         """When this node streamed which backend (open intervals end now, or at the kill)."""
@@ -61,11 +69,12 @@ class ClusterNode(LapidusProcess):
             event, backend = record.get("event"), record.get("backend")
             if event == STARTED:
                 open_[backend] = _when(record)
-            elif event == STOPPED and backend in open_:
+            elif event in (STOPPED, LEASE_LOST) and backend in open_:
                 out.append((self.name, backend, open_.pop(backend), _when(record)))
             elif event == "lapidus starting":
-                # a new run after a kill: what the killed run streamed ended at the kill
-                end = self.killed_at or time.time()
+                # a new run after a kill: what the killed run streamed ended at that kill
+                began = _when(record)
+                end = max((k for k in self.kills if k <= began), default=began)
                 out += [(self.name, b, start, end) for b, start in open_.items()]
                 open_.clear()
         end = self.killed_at if self.killed_at and not self.alive() else time.time()
@@ -75,19 +84,21 @@ class ClusterNode(LapidusProcess):
     def streams(self, backend: str) -> bool:
         """This node's worker of ``backend`` runs and has reported ready (positioned in its
         source: what is committed from now on reaches the sinks)."""
+        return backend in self.streaming()
+
+    def streaming(self) -> Set[str]:
+        """The backends whose worker runs here and has reported ready (one read of the log)."""
         if not self.alive():
-            return False
-        state = None
+            return set()
+        state: Dict[str, str] = {}
         for record in self.records(current=True):
-            if record.get("backend") != backend:
-                continue
-            event = record.get("event")
+            backend, event = record.get("backend"), record.get("event")
             if event in (STARTED, STOPPED):
-                state = event
+                state[backend] = event
             elif event == "running" and record.get("process") == "supervisor" \
-                    and state == STARTED:
-                state = "running"
-        return state == "running"
+                    and state.get(backend) == STARTED:
+                state[backend] = "running"
+        return {backend for backend, seen in state.items() if seen == "running"}
 
     def started(self, backend: str) -> bool:
         """A worker of ``backend`` was started here and has not been reaped since."""

@@ -29,6 +29,20 @@ Fault kinds (``KINDS``):
   them trickling a byte every half second, half silent; ``lapidusctl status`` must answer
   meanwhile (:mod:`bench.chaos.slowclients`).
 
+In cluster mode (``CLUSTER_KINDS``, with several Lapidus nodes and a three-server NATS cluster):
+
+* ``kill_node``: SIGKILL of the process group of the node streaming a backend drawn at random;
+  it is started again after a moment, or once the other nodes took its backends over (half
+  each).
+* ``kill_nats_server``: SIGKILL of one of the three nats-servers, started again after 2-5 s.
+* ``freeze_node``: SIGSTOP of the supervisor and the lease child of the node streaming a
+  backend drawn at random, SIGCONT once the other nodes stream its backends: its workers, left
+  running, must have stopped themselves.
+
+Of the kinds above, only those in ``CLUSTER_COMPATIBLE`` (the database servers and the
+proxies between them and every node) make sense in cluster mode; :func:`refused` says which
+kinds a mode refuses.
+
 Every fault restores what it broke in a ``finally`` block.  After each fault the injector waits
 until the broken piece is back (a new process, a server answering; for the new kinds:
 ``lapidusctl status`` shows every configured backend RUNNING with a running process, and the
@@ -51,6 +65,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from . import ctl, deadletters, servers
+from .cluster_nodes import LEASE_LOST, STOPPED
 from .freezes import freeze, freeze_length
 from .load import TABLE
 from .slowclients import SlowCrowd
@@ -65,10 +80,38 @@ RELOAD_KINDS = ("reload_backends", "reload_sink_option", "reload_backend_option"
 NEW_KINDS = STOP_KINDS + RELOAD_KINDS + ("dead_letter", "slow_clients")
 KINDS = CLASSIC_KINDS + NEW_KINDS
 CI_KINDS = tuple(k for k in CLASSIC_KINDS if k != "pg_restart")
+CLUSTER_KINDS = ("kill_node", "kill_nats_server", "freeze_node")
+# the kinds that mean the same with several nodes: the database servers, and the proxies
+# between them and every node (each node reaches NATS directly)
+CLUSTER_COMPATIBLE = ("mariadb_restart", "pg_restart", "cut_pg", "cut_mysql")
+ALL_KINDS = KINDS + CLUSTER_KINDS
 SLOW_CLIENTS = 50
 SLOW_CLIENTS_STATUS_DEADLINE = 5.0   # lapidusctl status with the crowd connected
 CTL_PATIENCE = 20.0                  # longer than lapidusctl's own timeout on the socket
 RECOVERY = 60.0                      # seconds for a process-level recovery (status RUNNING)
+
+
+def default_kinds(cluster: bool) -> List[str]:
+    """Every kind of the mode."""
+    return list(CLUSTER_KINDS + CLUSTER_COMPATIBLE if cluster else KINDS)
+
+
+def refused(kinds: List[str], cluster: bool) -> Optional[str]:
+    """Why ``kinds`` cannot run in this mode (None: they can)."""
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown:
+        return f"unknown fault kinds {unknown}; known: {', '.join(ALL_KINDS)}"
+    if cluster:
+        wrong = [k for k in kinds if k not in CLUSTER_KINDS + CLUSTER_COMPATIBLE]
+        if wrong:
+            return (f"fault kinds {wrong} make no sense in cluster mode (they act on a single "
+                    f"Lapidus or a single nats-server); with --cluster use "
+                    f"{', '.join(CLUSTER_KINDS + CLUSTER_COMPATIBLE)}")
+    else:
+        wrong = [k for k in kinds if k in CLUSTER_KINDS]
+        if wrong:
+            return f"fault kinds {wrong} need --cluster"
+    return None
 
 
 @dataclass
@@ -79,9 +122,12 @@ class FaultRecord:
     detail: str = ""
     recovered_in: Optional[float] = None   # seconds until the stream caught up (settle)
     error: Optional[str] = None
+    back_in: Optional[float] = None   # cluster kinds: from the fault until the cluster recovered
 
     def line(self) -> str:
         text = f"{self.at:7.1f}s {self.kind:<18} {self.duration:5.1f}s"
+        if self.back_in is not None:
+            text += f"  back in {self.back_in:5.1f}s"
         if self.recovered_in is not None:
             text += f"  caught up in {self.recovered_in:5.1f}s"
         if self.detail:
@@ -98,9 +144,9 @@ class FaultInjector(threading.Thread):
                  per_kind: Optional[int] = None, settle: bool = False,
                  recovery_timeout: float = 120.0, log: Callable[[str], None] = print):
         super().__init__(daemon=True, name="faults")
-        unknown = set(kinds) - set(KINDS)
-        if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        problem = refused(kinds, run.nodes != [])
+        if problem:
+            raise ValueError(problem)
         self.run_ = run
         self.kinds = list(kinds)
         self.rng = random.Random(seed)
@@ -110,6 +156,7 @@ class FaultInjector(threading.Thread):
         self.recovery_timeout = recovery_timeout
         self.log = log
         self.records: List[FaultRecord] = []
+        self.current: Optional[FaultRecord] = None     # the fault under way
         self.stop_event = threading.Event()
         self.failure: Optional[BaseException] = None
         self.gave_up = False          # stopped early: Lapidus did not recover from a fault
@@ -146,7 +193,7 @@ class FaultInjector(threading.Thread):
             self.log(f"fault injector failed: {exc!r}\n{traceback.format_exc()}")
 
     def inject(self, kind: str) -> FaultRecord:
-        record = FaultRecord(kind, time.monotonic() - self.started_at, 0.0)
+        record = self.current = FaultRecord(kind, time.monotonic() - self.started_at, 0.0)
         began = time.monotonic()
         try:
             record.detail = getattr(self, kind)() or ""
@@ -216,7 +263,8 @@ class FaultInjector(threading.Thread):
         restarted worker resumes in the binlog file the restart closed and reads on across
         the restart; with a bystander, half of them have the bystander write first after
         the restart, so its table takes the first table id of the new server run."""
-        behind = self.rng.random() < 0.5
+        # (in cluster mode there is no single nats-server to stop)
+        behind = self.run_.nats_server is not None and self.rng.random() < 0.5
         bystander_first = self.run_.bystander is not None and self.rng.random() < 0.5
         nats_server = self.run_.nats_server
         try:
@@ -398,3 +446,102 @@ class FaultInjector(threading.Thread):
         if problems:
             raise ChaosTimeout(f"{detail}; " + "; ".join(problems))
         return detail
+
+
+    # -- cluster mode ---------------------------------------------------------------------------
+
+    def _wait_balanced(self, what: str) -> None:
+        wait_for(self.run_.balanced, RECOVERY, what, interval=0.2)
+
+    def _victim(self, kind: str):
+        """The node that streams a backend drawn at random (once the cluster is balanced), and
+        the backends it streams."""
+        run = self.run_
+        self._wait_balanced(f"every backend streamed by one node before {kind}")
+        owner = run.owners()[self.rng.choice(run.backend_names)][0]
+        node = next(node for node in run.nodes if node.name == owner)
+        return node, sorted(node.streaming())
+
+    def _taken_over(self, node, backends: List[str]) -> bool:
+        """Other nodes stream each of ``backends``."""
+        others = [other.streaming() for other in self.run_.nodes if other is not node]
+        return all(any(backend in streaming for streaming in others) for backend in backends)
+
+    def kill_node(self) -> str:
+        """``kill -9`` of a node's process group; started again after a moment (while its
+        leases still stand under its name) or once the other nodes took its backends over,
+        half each.  Back when the cluster is balanced again, the node included."""
+        run = self.run_
+        node, held = self._victim("kill_node")
+        at_once = self.rng.random() < 0.5
+        killed = time.monotonic()
+        node.kill9()
+        try:
+            if at_once:
+                hold(self.rng.uniform(0.5, 2.0))        # the moment before the restart
+                how = "restarted at once"
+            else:
+                wait_for(lambda: self._taken_over(node, held), RECOVERY,
+                         f"the other nodes streaming {held} after {node.name} was killed",
+                         interval=0.2)
+                how = f"taken over in {time.monotonic() - killed:.1f}s, then restarted"
+        finally:
+            node.start()
+        self._wait_balanced(f"the cluster balanced again after {node.name} was killed")
+        self.current.back_in = time.monotonic() - killed
+        return f"{node.name} (streaming {', '.join(held)}) killed, {how}"
+
+    def kill_nats_server(self) -> str:
+        """``kill -9`` of one of the three nats-servers, started again after 2-5 s (one fault
+        at a time: never two down).  Back when every replica of the stream and of the bucket
+        is current again and every backend streams on one node."""
+        run = self.run_
+        cluster = run.nats_cluster
+        index = self.rng.randrange(len(cluster.procs))
+        down = self.rng.uniform(2.0, 5.0)
+        offsets = [node.log_size() for node in run.nodes]
+        killed = time.monotonic()
+        try:
+            cluster.kill(index)
+            hold(down)                                  # the outage's length
+        finally:
+            cluster.start(index)
+        wait_for(lambda: cluster.replicas_current(run.replicated_streams), RECOVERY,
+                 f"every replica of {run.replicated_streams} current after n{index} came back",
+                 interval=0.5)
+        self._wait_balanced(f"every backend streamed by one node after n{index} came back")
+        self.current.back_in = time.monotonic() - killed
+        stopped = sum(1 for node, offset in zip(run.nodes, offsets)
+                      for record in node.records_since(offset) if record.get("event") == STOPPED)
+        return f"n{index} down {down:.1f}s, {stopped} workers stopped meanwhile"
+
+    def freeze_node(self) -> str:
+        """``kill -STOP`` of a node's supervisor and lease child (its workers and dispatcher
+        run on) until the other nodes stream its backends, then ``kill -CONT``.  Its workers
+        must have stopped themselves (their lease was not renewed in time): a worker that did
+        not is a finding.  Back when the cluster is balanced again."""
+        run = self.run_
+        node, held = self._victim("freeze_node")
+        offset = node.log_size()
+        pids = [node.proc.pid, node.wait_child("lapidus:cluster", timeout=RECOVERY)]
+        frozen = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: self._taken_over(node, held), RECOVERY,
+                     f"the other nodes streaming {held} while {node.name} is frozen",
+                     interval=0.2)
+            taken = time.monotonic() - frozen
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        quiet = {record.get("backend") for record in node.records_since(offset)
+                 if record.get("event") == LEASE_LOST}
+        if set(held) - quiet:
+            run.findings.append(f"freeze_node: the workers of {sorted(set(held) - quiet)} on "
+                                f"{node.name} did not stop themselves before the takeover")
+        self._wait_balanced(f"the cluster balanced again after {node.name} was thawed")
+        self.current.back_in = time.monotonic() - frozen
+        return (f"{node.name} (streaming {', '.join(held)}) frozen {taken:.1f}s (lease_ttl "
+                f"{run.options.lease_ttl:g}s) until taken over; its workers stopped themselves: "
+                f"{', '.join(sorted(quiet & set(held))) or 'none'}")

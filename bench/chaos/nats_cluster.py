@@ -2,15 +2,20 @@
 
 Each server gets free client and route ports, routes to the other two and its own JetStream
 store under the given folder.  :meth:`NatsCluster.kill` takes one server down (SIGKILL: a
-crash), :meth:`NatsCluster.start` brings it, or all, up; :meth:`NatsCluster.stop` stops every
-one by its pid.  Nothing here touches the shared nats-server on 4222.
+crash), :meth:`NatsCluster.start` brings it, or all, up (:meth:`NatsCluster.ensure`: those that
+are down); :meth:`NatsCluster.replicas_current` tells when every replica of some streams caught
+up again; :meth:`NatsCluster.stop` stops every one by its pid.  Nothing here touches the shared
+nats-server on 4222.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
+
+import nats
 
 from .servers import NATS_SERVER, free_port, jetstream_ready, port_open
 from .waiting import wait_for
@@ -65,6 +70,33 @@ cluster {{
     def live_urls(self) -> List[str]:
         return [url for url, proc in zip(self.urls, self.procs)
                 if proc is not None and proc.poll() is None]
+
+    def ensure(self) -> None:
+        """Start every server that is not running."""
+        for i, proc in enumerate(self.procs):
+            if proc is None or proc.poll() is not None:
+                self.start(i)
+
+    def replicas_current(self, streams: Sequence[str]) -> bool:
+        """Each of ``streams`` (a KV bucket is the stream ``KV_<bucket>``) has a leader and
+        every other server as a replica that is current and online."""
+        async def check() -> bool:
+            nc = await nats.connect(self.live_urls(), connect_timeout=1,
+                                    allow_reconnect=False)
+            try:
+                js = nc.jetstream(timeout=2)
+                for name in streams:
+                    cluster = (await js.stream_info(name)).cluster
+                    if cluster is None or not cluster.leader:
+                        return False
+                    replicas = cluster.replicas or []
+                    if len(replicas) != len(self.procs) - 1 \
+                            or not all(r.current and not r.offline for r in replicas):
+                        return False
+                return True
+            finally:
+                await nc.close()
+        return asyncio.run(check())
 
     def kill(self, index: int) -> None:
         """SIGKILL one server (a crash: nothing flushed, no lame-duck mode)."""

@@ -5,15 +5,22 @@ stream ``CHAOS_<HEX>`` capturing ``chaos<hex>.>`` with a duplicate window of a f
 proxies to PostgreSQL, MariaDB and NATS, and ``lapidus`` with both backends and the nats plugin
 in JetStream mode (its connections all go through the proxies).
 
+Cluster mode (``cluster``): a private three-server NATS cluster instead of the nats-server, the
+stream with three replicas, and ``nodes`` Lapidus nodes (:mod:`bench.chaos.cluster_nodes`) with
+the same backends and a ``[cluster]`` table; the nats sink connects to the cluster's servers
+directly (only the database connections go through the proxies).  Besides the checker, no
+backend may have been streamed by two nodes at once (from the nodes' logs).
+
 Clean-up (always, in ``finally``): Lapidus stopped, every server running again, proxies closed,
-slot, databases and stream dropped, a private nats-server stopped.  The work directory (config,
-Lapidus log, ledger, report) is kept when the run failed or ``keep`` is set.
+slot, databases and stream dropped, a private nats-server (or cluster) stopped.  The work
+directory (config, Lapidus log, ledger, report) is kept when the run failed or ``keep`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,8 +33,11 @@ from typing import Callable, Dict, List, Optional
 import nats
 
 from . import checker, ctl, deadletters, load, servers
-from .faults import CI_KINDS, KINDS, NEW_KINDS, RECOVERY, STOP_KINDS, FaultInjector
+from .cluster_nodes import ClusterNode, node_config, overlaps
+from .faults import (CI_KINDS, CLUSTER_KINDS, KINDS, NEW_KINDS, RECOVERY, STOP_KINDS,
+                     FaultInjector)
 from .lapidus import LapidusProcess
+from .nats_cluster import NatsCluster
 from .proxy import TcpProxy
 from .reloads import ConfigPlan
 from .waiting import ChaosTimeout, wait_for
@@ -57,6 +67,9 @@ class ChaosOptions:
     max_payload: int = 32 * 1024
     oversized_pad: int = 40_000
     extra_rate_share: float = 0.25      # the extra backend's writer, of ``rate``
+    cluster: bool = False               # several nodes and a three-server NATS cluster
+    nodes: int = 2                      # cluster mode: how many Lapidus nodes
+    lease_ttl: float = 5.0              # cluster mode: [cluster] lease_ttl, seconds
 
     def uses(self, *kinds: str) -> bool:
         return any(kind in self.kinds for kind in kinds)
@@ -66,6 +79,7 @@ class ChaosRun:
     PG_BACKEND = "pg"
     MYSQL_BACKEND = "maria"
     EXTRA_BACKEND = "extra"     # MariaDB, its own database; with reload_backends only
+    BUCKET = "lapidus"          # cluster mode: the bucket of leases and checkpoints
 
     def __init__(self, options: ChaosOptions, log: Callable[[str], None] = print):
         self.options = options
@@ -80,7 +94,9 @@ class ChaosRun:
         self.findings: List[str] = []
         self.proxies: Dict[str, TcpProxy] = {}
         self.nats_server: Optional[servers.NatsServer] = None
+        self.nats_cluster: Optional[NatsCluster] = None      # cluster mode
         self.lapidus: Optional[LapidusProcess] = None
+        self.nodes: List[ClusterNode] = []                    # cluster mode
         self.loads: List[load.TableLoad] = []
         self.injector: Optional[FaultInjector] = None
         self.bystander: Optional[load.Bystander] = None
@@ -101,6 +117,38 @@ class ChaosRun:
         if self.plan is None:
             return [self.PG_BACKEND, self.MYSQL_BACKEND]
         return self.plan.backend_names()
+
+    @property
+    def processes(self) -> List[LapidusProcess]:
+        """Every Lapidus of the run: the one process, or the cluster's nodes."""
+        return list(self.nodes) or ([self.lapidus] if self.lapidus is not None else [])
+
+    @property
+    def nats_url(self):
+        """Where the harness reaches NATS: the nats-server, or the cluster's live servers."""
+        if self.nats_cluster is not None:
+            return self.nats_cluster.live_urls()
+        return self.nats_server.url
+
+    @property
+    def replicated_streams(self) -> List[str]:
+        """Cluster mode: the streams whose replicas must be current (the bucket's too)."""
+        return [self.stream, f"KV_{self.BUCKET}"]
+
+    def owners(self) -> Dict[str, List[str]]:
+        """Cluster mode: the nodes whose worker streams each backend now (from their logs)."""
+        streaming = {node.name: node.streaming() for node in self.nodes}
+        return {backend: [name for name, backends in streaming.items() if backend in backends]
+                for backend in self.backend_names}
+
+    def balanced(self) -> bool:
+        """Cluster mode: every backend streamed by exactly one node, and no running node
+        streams more than its share (so a node that came back took its part)."""
+        owners = self.owners()
+        live = [node.name for node in self.nodes if node.alive()]
+        share = math.ceil(len(owners) / max(1, len(live)))
+        return all(len(names) == 1 for names in owners.values()) and all(
+            sum(name in names for names in owners.values()) <= share for name in live)
 
     @property
     def extra_db(self) -> str:
@@ -130,10 +178,14 @@ class ChaosRun:
         if max_payload is not None and opts.nats != "private":
             raise ValueError("the dead_letter fault needs the private nats-server (its "
                              "max_payload is set small)")
-        self.nats_server = (servers.NatsServer.private(self.workdir, max_payload)
-                            if opts.nats == "private" else servers.NatsServer.shared())
         self._created.add("nats")
-        self.nats_server.ensure()
+        if opts.cluster:
+            self.nats_cluster = NatsCluster(self.workdir / "nats-cluster")
+            self.nats_cluster.start()
+        else:
+            self.nats_server = (servers.NatsServer.private(self.workdir, max_payload)
+                                if opts.nats == "private" else servers.NatsServer.shared())
+            self.nats_server.ensure()
         self._create_stream()
         self._created.add("stream")
         self._created.add("pg")
@@ -149,12 +201,31 @@ class ChaosRun:
         self.proxies = {
             "postgresql": TcpProxy("postgresql", servers.PG_PORT).start(),
             "mysql": TcpProxy("mysql", servers.MYSQL_PORT).start(),
-            "nats": TcpProxy("nats", self.nats_server.port).start(),
         }
+        if self.nats_server is not None:
+            self.proxies["nats"] = TcpProxy("nats", self.nats_server.port).start()
         self.plan = ConfigPlan(*self._config())
+        if opts.cluster:
+            self.nodes = [self._node(chr(ord("a") + i)) for i in range(opts.nodes)]
+            for node in self.nodes:
+                node.start()
+            wait_for(self.balanced, RECOVERY, "every backend streamed by one node",
+                     interval=0.2)
+            return
         self.lapidus = LapidusProcess(self.plan.render(), self.workdir)
         self.lapidus.start()
         self.lapidus.wait_streaming(self.backend_names)
+
+    def _node(self, name: str) -> ClusterNode:
+        """Cluster mode: node ``name`` with the run's configuration, a ``[cluster]`` table and
+        its own state directory and control socket (under ``<workdir>/<name>``)."""
+        config = self.plan.render()
+        config = dict(node_config(name, self.workdir / name, self.nats_cluster.urls,
+                                  config["backends"], config["plugins"],
+                                  lease_ttl=self.options.lease_ttl, replicas=3,
+                                  bucket=self.BUCKET),
+                      supervisor=config["supervisor"])
+        return ClusterNode(name, config, self.workdir / name)
 
     def _config(self):
         """The base configuration and the extra backend's entry (None without one)."""
@@ -178,7 +249,8 @@ class ChaosRun:
                  "heartbeat_seconds": 1, "connect_timeout": 2},
             ],
             "plugins": {"nats": {
-                "servers": [f"nats://{servers.HOST}:{self.proxies['nats'].port}"],
+                "servers": (self.nats_cluster.urls if self.nats_cluster is not None else
+                            [f"nats://{servers.HOST}:{self.proxies['nats'].port}"]),
                 "jetstream": True, "subject_prefix": self.prefix,
                 "reconnect_time_wait": 0.25, "connect_timeout": 1, "ack_timeout": 2}},
         }
@@ -195,18 +267,19 @@ class ChaosRun:
 
     def _create_stream(self) -> None:
         async def create():
-            nc = await nats.connect(self.nats_server.url)
+            nc = await nats.connect(self.nats_url)
             try:
                 await nc.jetstream().add_stream(
                     name=self.stream, subjects=[f"{self.prefix}.>"],
-                    duplicate_window=self.options.duplicate_window)
+                    duplicate_window=self.options.duplicate_window,
+                    num_replicas=3 if self.options.cluster else 1)
             finally:
                 await nc.close()
         asyncio.run(create())
 
     def _delete_stream(self) -> None:
         async def delete():
-            nc = await nats.connect(self.nats_server.url)
+            nc = await nats.connect(self.nats_url)
             try:
                 await nc.jetstream().delete_stream(self.stream)
             except nats.js.errors.NotFoundError:
@@ -223,7 +296,7 @@ class ChaosRun:
         return f"{self.prefix}.{schema}.{table}.{key}"
 
     def _stored(self, backend: str, change: load.Change) -> bool:
-        data = checker.last_on_subject(self.nats_server.url, self.stream,
+        data = checker.last_on_subject(self.nats_url, self.stream,
                                        self.subject_of(backend, load.TABLE, change.key))
         if not data:
             return False
@@ -252,7 +325,7 @@ class ChaosRun:
             load.write_fence("mysql", self.extra_db, fence_id)
         for backend in self.backend_names:
             subject = self.subject_of(backend, load.FENCE_TABLE, fence_id)
-            wait_for(lambda: checker.last_on_subject(self.nats_server.url, self.stream,
+            wait_for(lambda: checker.last_on_subject(self.nats_url, self.stream,
                                                      subject) is not None,
                      timeout, f"the fence of backend {backend} in the stream", interval=0.2)
 
@@ -322,10 +395,12 @@ class ChaosRun:
 
         # everything back up, then the fences: after them nothing can be missing
         self._restore_all()
-        if not self.lapidus.alive():
-            self.findings.append(f"lapidus was not running after the load "
-                                 f"(exit {self.lapidus.proc.returncode}); started again")
-            self.lapidus.start()
+        for process in self.processes:
+            if not process.alive():
+                self.findings.append(f"lapidus {getattr(process, 'name', '')} was not running "
+                                     f"after the load (exit {process.proc.returncode}); "
+                                     f"started again")
+                process.start()
         drained_from = time.monotonic()
         try:
             self._wait_fences(opts.final_timeout)
@@ -333,13 +408,13 @@ class ChaosRun:
             self.findings.append(f"fences not delivered: {exc}")
         drain_seconds = time.monotonic() - drained_from
 
-        messages = checker.read_stream(self.nats_server.url, self.stream, f"{self.prefix}.>")
+        messages = checker.read_stream(self.nats_url, self.stream, f"{self.prefix}.>")
         ledger = self.ledger.snapshot()
         self.report = checker.check(messages, ledger,
                                     deadletters.read_all(self.state_dir, ledger))
-        log_records = self.lapidus.records()
+        log_records = [r for process in self.processes for r in process.records()]
         logs = {
-            "tracebacks": self.lapidus.log_text().count("Traceback"),
+            "tracebacks": sum(p.log_text().count("Traceback") for p in self.processes),
             "fatal": sum(1 for r in log_records if "FATAL" in str(r.get("event", ""))),
         }
         # part of passing: no FATAL and no traceback, in the log or from lapidusctl
@@ -349,6 +424,17 @@ class ChaosRun:
             self.findings.append(f"{logs['tracebacks']} tracebacks in the Lapidus log")
         if self.ctl_log.tracebacks:
             self.findings.append(f"lapidusctl printed {self.ctl_log.tracebacks} tracebacks")
+        cluster = None
+        if self.nodes:
+            both = overlaps(self.nodes)
+            for a, b in both[:10]:
+                self.findings.append(f"backend {a[1]} streamed by {a[0]} and {b[0]} at once "
+                                     f"({max(a[2], b[2]):.3f} to {min(a[3], b[3]):.3f})")
+            cluster = {"nodes": len(self.nodes), "lease_ttl": opts.lease_ttl,
+                       "overlaps": len(both),
+                       "ownership_changes": sum(1 for r in log_records
+                                                if r.get("event") == "cluster: streaming this "
+                                                                     "backend here")}
         self.result = {
             "seed": opts.seed, "load_seconds": round(load_seconds, 1),
             "drain_seconds": round(drain_seconds, 1),
@@ -357,7 +443,8 @@ class ChaosRun:
             "fault_log": [asdict(r) for r in self.injector.records],
             "load": {t.backend: t.stats.as_dict() for t in self.loads},
             "bystander_writes": self.bystander.writes if self.bystander is not None else None,
-            "lapidus_starts": self.lapidus.starts,
+            "lapidus_starts": sum(p.starts for p in self.processes),
+            "cluster": cluster,
             "lapidus_log": {
                 **logs,
                 "worker_restarts": sum(1 for r in log_records
@@ -382,7 +469,10 @@ class ChaosRun:
     def _restore_all(self) -> None:
         for proxy in self.proxies.values():
             proxy.restore()
-        self.nats_server.ensure()
+        if self.nats_cluster is not None:
+            self.nats_cluster.ensure()
+        else:
+            self.nats_server.ensure()
         servers.ensure_mariadb()
         servers.ensure_postgresql()
         if self.plan is not None and self.has_extra and not self.plan.extra_present \
@@ -410,8 +500,8 @@ class ChaosRun:
         for thread in self.loads + [self.bystander]:
             if thread is not None:
                 thread.stop()
-        if self.lapidus is not None:
-            attempt("stop lapidus", self.lapidus.stop)
+        for process in self.processes:
+            attempt("stop lapidus", process.stop)
         attempt("mariadb", servers.ensure_mariadb)
         attempt("postgresql", servers.ensure_postgresql)
         for proxy in self.proxies.values():
@@ -428,10 +518,12 @@ class ChaosRun:
             attempt("drop the extra backend's database",
                     lambda: load.drop_mysql_database(self.extra_db))
         if "nats" in self._created:
-            attempt("nats", self.nats_server.ensure)
+            nats_servers = self.nats_cluster or self.nats_server
+            attempt("nats", nats_servers.ensure)
             if "stream" in self._created:
                 attempt("delete the stream", self._delete_stream)
-            attempt("stop nats", self.nats_server.shutdown)
+            attempt("stop nats", self.nats_cluster.stop if self.nats_cluster is not None
+                    else self.nats_server.shutdown)
         self.ledger.close()
         if errors:
             self.log("clean-up problems: " + "; ".join(errors))
@@ -455,6 +547,11 @@ def format_result(result: dict, report: Optional[checker.CheckReport]) -> str:
         lines.append(f"bystander (MariaDB, another database): {result['bystander_writes']} "
                      f"transactions")
     logs = result["lapidus_log"]
+    cluster = result.get("cluster")
+    if cluster:
+        lines.append(f"cluster: {cluster['nodes']} nodes, lease_ttl {cluster['lease_ttl']:g}s, "
+                     f"{cluster['ownership_changes']} times a node began streaming a backend, "
+                     f"{cluster['overlaps']} overlaps (two nodes streaming one backend)")
     lines.append(f"lapidus log: {logs['worker_restarts']} worker restarts, "
                  f"{logs['dispatcher_restarts']} dispatcher restarts, {logs['reloads']} "
                  f"reloads, {logs['fatal']} FATAL, {logs['tracebacks']} tracebacks")
@@ -485,4 +582,4 @@ def run_chaos(options: ChaosOptions, log: Callable[[str], None] = print) -> Chao
 
 
 __all__ = ["ChaosOptions", "ChaosRun", "run_chaos", "format_result", "KINDS", "CI_KINDS",
-           "NEW_KINDS"]
+           "NEW_KINDS", "CLUSTER_KINDS"]

@@ -8,7 +8,10 @@ suites share it; the long run does it).  After each fault the run waits until th
 up, so the faults never overlap and the test is deterministic enough for CI.
 
 A second short run does the same with the lifecycle faults (frozen processes, reloads, an event
-too large for NATS that must go to the dead letters, slow clients), once each.
+too large for NATS that must go to the dead letters, slow clients), once each.  A third runs in
+cluster mode: two Lapidus nodes and a three-server NATS cluster, a node killed (``kill -9`` of
+its process group) and a nats-server killed, twice each; no backend may be streamed by two
+nodes at once.
 
 The checker compares the stream with the ledger of committed changes: nothing lost, per-key and
 per-backend commit order, no id stored twice, no change under two ids, an oversized change in
@@ -24,7 +27,8 @@ import shutil
 import pytest
 
 from bench.chaos import checker, deadletters
-from bench.chaos.faults import CI_KINDS, NEW_KINDS
+from bench.chaos.__main__ import parse
+from bench.chaos.faults import CI_KINDS, CLUSTER_KINDS, NEW_KINDS
 from bench.chaos.load import Change
 from bench.chaos.reloads import ConfigPlan
 from bench.chaos.run import ChaosOptions, format_result, run_chaos
@@ -245,6 +249,47 @@ def test_short_chaos_run_with_frozen_processes_reloads_dead_letters_and_slow_cli
     assert result["lapidus_log"]["reloads"] >= len(
         [k for k in NEW_KINDS if k.startswith("reload_")]), text
     assert run.report.backends["extra"].fences == 1, text   # re-added, it caught up
+    assert result["ok"], text
+
+
+def test_cluster_mode_refuses_the_kinds_of_a_single_lapidus_and_needs_it_for_its_own(capsys):
+    for argv, says in ((["--cluster", "--faults", "kill_node,kill_supervisor"],
+                        "make no sense in cluster mode"),
+                       (["--faults", "kill_nats_server"], "need --cluster"),
+                       (["--cluster", "--nodes", "1"], "--nodes 2 or more")):
+        with pytest.raises(SystemExit) as exited:
+            parse(argv)
+        assert exited.value.code == 2
+        assert says in capsys.readouterr().err
+    _args, options = parse(["--cluster"])
+    assert options.cluster and options.nodes == 2
+    assert set(CLUSTER_KINDS) <= set(options.kinds) and "kill_supervisor" not in options.kinds
+
+
+def test_short_cluster_chaos_run_kills_nodes_and_nats_servers_and_loses_nothing(
+        servers_up, tmp_path):
+    """Two nodes with lease_ttl 5 s and a three-server NATS cluster; a node killed (started again
+    at once, or once the other node took its backends over) and a nats-server killed (started
+    again after 2-5 s), twice each, waiting for the stream to catch up after each."""
+    kinds = ["kill_node", "kill_nats_server"]
+    # this seed kills the node once with a restart at once and once after the takeover
+    options = ChaosOptions(seconds=10, seed=20261207, rate=40, kinds=kinds, per_kind=2,
+                           interval=0.8, settle=True, recovery_timeout=60, final_timeout=90,
+                           workdir=str(tmp_path / "chaos"), bystander=False, cluster=True,
+                           nodes=2, lease_ttl=5.0)
+    run = run_chaos(options, log=print)
+    text = format_result(run.result, run.report)
+    print(text)
+    result = run.result
+    assert result["faults"] == {kind: 2 for kind in kinds}, text
+    assert not result["findings"], text        # overlaps, FATAL and tracebacks included
+    assert run.report.ok and run.report.lost == 0, text
+    assert result["cluster"]["overlaps"] == 0, text
+    # a backend moved at least once for each node kill
+    assert result["cluster"]["ownership_changes"] >= 2 + 2, text
+    kills = [record["detail"] for record in result["fault_log"] if record["kind"] == "kill_node"]
+    assert any("restarted at once" in d for d in kills), kills
+    assert any("taken over in" in d for d in kills), kills
     assert result["ok"], text
 
 
