@@ -235,7 +235,7 @@ class WorkerLoop:
         """
         self.log.warning("lost the connection to the database; reconnecting from the last "
                          "confirmed position", error=str(error), target=source.target())
-        self.waiter.lost(error, source.target())
+        short_lived = self.waiter.lost(error, source.target())
         self._drain(link)
         self._save(force=True, source=source)
         self.inflight.clear()
@@ -243,6 +243,8 @@ class WorkerLoop:
         # to what it sends again, not to the last batch sent
         self.open_tail = False
         source.suspend()
+        if short_lived:
+            self.waiter.wait(error, source.target())   # a stop ends it; _open then sees it
 
     def _loop(self, source: Source, link: DispatcherLink) -> None:
         last_status = 0.0

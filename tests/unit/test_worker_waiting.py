@@ -156,6 +156,53 @@ def test_backoff_starts_over_only_after_a_connection_that_lasted():
     assert waiter.backoff.peek() == 0.5
 
 
+def test_a_connection_lost_soon_after_it_was_made_is_not_reopened_at_once(tmp_path,
+                                                                          monkeypatch):
+    """A pg_recvlogical (or a server) that drops every new connection at once: the worker
+    sees each loss at once, so it waits the backoff before reopening; a connection that had
+    lasted is reopened at once."""
+    waiter, clock, _ = make_waiter()
+    error = BackendError("pg_recvlogical exited")
+    waiter.connected()
+    clock.now += 0.1
+    assert waiter.lost(error, "db") is True
+    waiter.connected()
+    clock.now += 5.0
+    assert waiter.lost(error, "db") is False
+
+    class DroppingSource(Source):
+        """Opens fine; every read finds the connection gone, until the loop is stopped."""
+
+        def __init__(self, backend, state_dir, log, loop_ref):
+            super().__init__(backend, state_dir, log)
+            self.loop_ref, self.opened = loop_ref, 0
+
+        def open(self, checkpoint):
+            self.opened += 1
+
+        def read(self, max_events, timeout):
+            if self.opened >= 4:
+                self.loop_ref[0].request_stop()
+                return Batch()
+            raise BackendError("pg_recvlogical exited")
+
+        def close(self):
+            pass
+
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = DroppingSource(b, d, log, ref)
+        return source
+
+    loop, _ = make_loop(tmp_path, monkeypatch, factory)
+    slept: List[float] = []
+    loop.waiter.sleep = slept.append
+    assert loop.run() == 0
+    assert source.opened == 4 and len(slept) >= 3, slept     # a wait before each reopen
+
+
 def test_a_fatal_error_is_not_waited_for():
     waiter, _, reports = make_waiter()
     with pytest.raises(BackendError):
