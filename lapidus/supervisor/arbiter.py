@@ -42,6 +42,7 @@ from .. import exitcodes, logs
 from ..backoff import RestartPolicy
 from ..procutil import keep_files_private
 from ..workers.runner import worker_main
+from ..workers.wakeup import WAKE_SIGNAL
 from .cluster_gate import ClusterGate
 from .control_server import ControlServer, SocketInUse
 from .handles import ChildHandle
@@ -618,6 +619,7 @@ class Arbiter:
             if gone:
                 self.log.info("backfills cancelled", backend=handle.name,
                               backfills=[r.n for r in gone])
+                _wake_worker(handle)
             return {"ok": True, "cancelled": [r.fields() for r in gone]}
         if not isinstance(table, str):
             return {"ok": False, "code": "bad_request", "error": "backfill needs a table"}
@@ -625,6 +627,7 @@ class Arbiter:
         queued = queue.add(table, where if isinstance(where, str) and where.strip() else None)
         self.log.info("backfill requested", backend=handle.name, n=queued.n, table=table,
                       where=queued.where)
+        _wake_worker(handle)
         return {"ok": True, "backfill": queued.fields(), "state": handle.state.value}
 
     def reload(self) -> None:
@@ -739,6 +742,19 @@ class Arbiter:
             return {"ok": False, "code": "not_clustered", "error": "this lapidus runs alone "
                     "(its configuration has no [cluster])"}
         return {"ok": True, **self.cluster_view()}
+
+
+def _wake_worker(handle: ChildHandle) -> None:
+    """Make a streaming worker look at its backfill requests now, not at its next keep-alive
+    (lapidus.workers.wakeup).  Only a RUNNING one: it has said ready, so its handler is in
+    place (the signal's default action ends a process); any other looks when it starts
+    streaming."""
+    if handle.state != State.RUNNING or handle.pid is None or handle.killed:
+        return
+    try:
+        os.kill(handle.pid, WAKE_SIGNAL)
+    except OSError:
+        pass            # it just exited: the next worker looks when it starts streaming
 
 
 def _dispatcher_main(*args) -> None:

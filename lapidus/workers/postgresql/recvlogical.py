@@ -5,6 +5,8 @@ Runs in the PostgreSQL worker process.  The child streams the slot into the spoo
 appear in its argv (``ps`` shows argv to every user): the password travels in ``PGPASSWORD`` or a
 passfile.  The child gets ``PR_SET_PDEATHSIG`` so it dies with the worker, and ``--no-loop`` so
 that reconnecting is the worker's decision (with backoff, and with a look at why it died).
+The worker learns of a death without polling: :attr:`RecvLogical.pidfd` becomes readable when
+the child exits (Linux 5.3 and later; elsewhere the worker looks once a second).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class RecvLogical:
         self.log_path = log_path
         self.application_name = application_name
         self.proc: Optional[subprocess.Popen] = None
+        self.pidfd: Optional[int] = None     # readable once proc has exited (None: unknown)
         self._log_start = 0
 
     def argv(self) -> List[str]:
@@ -119,6 +122,17 @@ class RecvLogical:
                 preexec_fn=lambda: die_with_parent(signal.SIGKILL, parent))
         finally:
             log.close()
+        self.pidfd = _pidfd(self.proc.pid)
+
+    def forget(self) -> None:
+        """The child died and was reaped (:meth:`exit_code`): let go of it."""
+        self.proc = None
+        self._close_pidfd()
+
+    def _close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def exit_code(self) -> Optional[int]:
         """None while running; the exit status once it died (and it was reaped)."""
@@ -155,4 +169,12 @@ class RecvLogical:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc = None
+        self.forget()
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A pidfd of ``pid`` (readable once it exits), or None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
