@@ -576,7 +576,7 @@ def test_postgresql_defaults():
         "slot": "lapidus_shop_eu", "temporary_slot": False, "decoder": "auto",
         "publication": "lapidus_shop_eu", "publication_mode": "all_tables", "messages": True,
         "sslmode": None, "sslrootcert": None, "sslcert": None, "sslkey": None,
-        "fsync_interval": 1.0, "status_interval": 1.0,
+        "fsync_interval": 1.0, "status_interval": 10.0,
         "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
         "pg_recvlogical": None,
     }

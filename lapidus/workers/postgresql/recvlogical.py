@@ -7,6 +7,12 @@ passfile.  The child gets ``PR_SET_PDEATHSIG`` so it dies with the worker, and `
 that reconnecting is the worker's decision (with backoff, and with a look at why it died).
 The worker learns of a death without polling: :attr:`RecvLogical.pidfd` becomes readable when
 the child exits (Linux 5.3 and later; elsewhere the worker looks once a second).
+
+``--status-interval`` is how often pg_recvlogical tells the server how far it wrote and
+fsynced (the slot advances no further); it also wakes pg_recvlogical that often when nothing
+happens.  Lapidus's default is pg_recvlogical's own, 10 s: the slot trails the spool by up to
+that much more, and after a restart the server sends that much again, which the spool reader
+skips (transactions at or before the checkpoint's LSN); nothing is lost or sent twice.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from ...procutil import die_with_parent
 from .tls import tls_options
 
 # Session settings for the walsender: values arrive in one predictable text form.
+#: Default of the backend settings status_interval and fsync_interval (seconds).
+STATUS_INTERVAL = 10.0
+FSYNC_INTERVAL = 1.0
+
 SESSION_OPTIONS = ("-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
                    "-c extra_float_digits=3 -c bytea_output=hex")
 
@@ -93,8 +103,9 @@ class RecvLogical:
         self._log_start = 0
 
     def argv(self) -> List[str]:
-        fsync = max(1, int(round(float(self.options.get("fsync_interval", 1.0)))))
-        status = max(1, int(round(float(self.options.get("status_interval", 1.0)))))
+        fsync = max(1, int(round(float(self.options.get("fsync_interval") or FSYNC_INTERVAL))))
+        status = max(1, int(round(float(self.options.get("status_interval")
+                                        or STATUS_INTERVAL))))
         argv = [self.binary, "--start", "--no-loop",
                 "-d", conninfo(self.options, self.application_name),
                 "--slot", self.slot, "-f", str(self.output),
