@@ -145,8 +145,10 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("connect_retry_seconds", Seconds(zero=True), "No longer used (accepted so older "
             "files load): an unreachable server is retried for ever, see "
             "`reconnect_max_delay`.", types=MY),
-    Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server, so a dead "
-            "connection is noticed.", 5.0, types=MY),
+    Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server while its "
+            "binlog is quiet, so a dead connection is noticed: a binlog connection silent for "
+            "3 times this long (45 s by default) is reopened from the checkpoint, at the latest "
+            "10 s after that. Each heartbeat wakes an idle worker.", 15.0, types=MY),
     Setting("allow_partial_row_image", Bool(), "Accept `binlog_row_image` other than FULL "
             "(events then lack unchanged columns).", False, types=MY),
     Setting("flavor", Choice("auto", "mariadb", "mysql"), "Server flavour; `auto` asks the "
