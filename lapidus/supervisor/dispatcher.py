@@ -25,7 +25,7 @@ from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_
 from ..sinks import registry
 from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
-from ..workers.runner import quiet_report_every
+from ..workers.runner import next_keep_alive, quiet_report_every
 from .refusals import RefusedEvents
 from .tail_ring import TailRing, TailWatch
 
@@ -419,15 +419,15 @@ class Dispatcher:
         """Stats to the supervisor: looked at every second, sent when they changed, and
         unchanged only as often as the supervisor's heartbeat needs (as workers do)."""
         quiet = quiet_report_every(float(self.config.supervisor.heartbeat_timeout))
-        reported, last = None, -math.inf
+        reported, keep_alive_at = None, -math.inf
         while self.status is not None:
             stats, now = self.stats(), time.monotonic()
-            if stats != reported or now - last >= quiet:
+            if stats != reported or now >= keep_alive_at:
                 try:
                     self.status.send(("stats", stats))
                 except (OSError, ValueError):
                     return
-                reported, last = stats, now
+                reported, keep_alive_at = stats, next_keep_alive(now, quiet)
             await asyncio.sleep(1.0)
 
     def read_requests(self) -> None:

@@ -63,6 +63,14 @@ def quiet_report_every(heartbeat_timeout: float) -> float:
     return max(STATUS_EVERY, min(QUIET_REPORT_EVERY, heartbeat_timeout / 4))
 
 
+def next_keep_alive(last_report: float, every: float) -> float:
+    """When unchanged stats are due again after a report at ``last_report`` (monotonic): the
+    next multiple of ``every``, at most ``every`` later.  Every process of the box counts on
+    the same monotonic clock, so idle children report together and the supervisor wakes
+    once for many of them rather than once for each."""
+    return (math.floor(last_report / every) + 1) * every
+
+
 def make_source(backend, state_dir: Path, log) -> Source:
     """The Source class for ``backend.type`` (imported lazily: a worker loads only its own)."""
     if backend.type == "postgresql":
@@ -84,8 +92,9 @@ class StatusSchedule:
     backfill request, see :mod:`.wakeup`); ``STATUS_EVERY`` after the last one while the
     loop's own figures move (a batch, an ack, a new position), and always for a source that
     cannot sleep longer than that anyway (``every_second``); otherwise only when the
-    unchanged stats are due again as the worker's keep-alive (``quiet_every``, well inside
-    the supervisor's ``heartbeat_timeout``).  Stats go out when they changed or at the
+    unchanged stats are due again as the worker's keep-alive (at most ``quiet_every`` after
+    the last report, well inside the supervisor's ``heartbeat_timeout``; on a grid common to
+    all children, :func:`next_keep_alive`).  Stats go out when they changed or at the
     keep-alive.
     """
 
@@ -93,7 +102,7 @@ class StatusSchedule:
         self.quiet_every = quiet_every
         self.every_second = every_second
         self.last_step = start          # the first step follows the first read
-        self.last_report = -math.inf
+        self.keep_alive_at = -math.inf  # the first stats go out whatever they are
         self.reported: Optional[dict] = None
         self.seen: Optional[tuple] = None     # the loop's figures at the last step
 
@@ -102,7 +111,7 @@ class StatusSchedule:
         soon = self.last_step + STATUS_EVERY
         if self.every_second or figures != self.seen:
             return soon
-        return max(soon, self.last_report + self.quiet_every)
+        return max(soon, self.keep_alive_at)
 
     def due(self, now: float, figures: tuple) -> bool:
         return now >= self.next_due(figures)
@@ -110,9 +119,10 @@ class StatusSchedule:
     def stepped(self, now: float, figures: tuple, stats: dict) -> bool:
         """Record a step; True when ``stats`` must be sent (changed, or keep-alive due)."""
         self.last_step, self.seen = now, figures
-        if stats == self.reported and now - self.last_report < self.quiet_every:
+        if stats == self.reported and now < self.keep_alive_at:
             return False
-        self.reported, self.last_report = stats, now
+        self.reported = stats
+        self.keep_alive_at = next_keep_alive(now, self.quiet_every)
         return True
 
 

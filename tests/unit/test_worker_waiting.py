@@ -599,3 +599,17 @@ def test_the_wake_up_pipe_receives_the_worker_s_signals():
     assert parent.recv() == (True, False, True)
     process.join(10)
     assert process.exitcode == 0
+
+
+def test_keep_alives_fall_on_a_grid_common_to_every_child():
+    """Idle children report their unchanged stats together (the supervisor wakes once for
+    many), and never later than the interval after their last report."""
+    assert runner.next_keep_alive(1003.2, 10.0) == 1010.0
+    assert runner.next_keep_alive(1010.0, 10.0) == 1020.0
+    schedule = runner.StatusSchedule(10.0, 1000.0, every_second=False)
+    figures = (0, None, 0)
+    assert schedule.stepped(1001.0, figures, {"events": 0})          # the first report
+    assert not schedule.stepped(1003.0, figures, {"events": 0})      # unchanged
+    assert schedule.stepped(1003.5, figures, {"events": 1})          # changed: at once
+    assert schedule.next_due(figures) == 1010.0                      # not 1013.5
+    assert schedule.stepped(1010.0, figures, {"events": 1})          # the keep-alive
