@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/density.py [--sizes 10,50,100] [--idle-seconds 60]
                                       [--rate 1000] [--duration 30] [--skip-latency]
-                                      [--out FILE]
+                                      [--wait-servers-idle] [--out FILE]
 
 For each N of ``--sizes``: one ``lapidus`` with N backends, half PostgreSQL databases and half
 MariaDB databases (``lapidus_bench_density_<i>`` on each server, one table ``items``), all
@@ -18,7 +18,8 @@ publishing to NATS core through the nats plugin. Per N it reports, in one run:
   with nothing written, as a percentage of one core (workers also per source kind), and what
   others wrote meanwhile to the servers' WAL and binlog: on a shared host those writes reach
   the idle backends too (each walsender pings its ``pg_recvlogical`` as the WAL grows, each
-  binlog reader receives the whole binlog);
+  binlog reader receives the whole binlog; ``--wait-servers-idle`` starts only once nobody
+  else writes);
 * **latency**: commit-to-NATS-subscriber p50/p99/max at ``--rate`` single-row commits/s spread
   round-robin over all backends for ``--duration`` s (the open-loop generator of
   bench/latency.py's kind: commit j is due at t0 + j/rate, whatever the commits before it did),
@@ -273,6 +274,23 @@ def server_writes() -> Dict[str, int]:
     return {"wal_bytes": wal, "binlog_bytes": binlog}
 
 
+def wait_servers_idle(give_up: float = 1800, window: float = 10.0) -> dict:
+    """Wait until nobody writes to the servers (under 1 KiB/s of WAL and of binlog over
+    ``window`` s): the idle figures of a shared host are otherwise other work's. Returns the
+    last rates seen and how long it waited."""
+    started = time.monotonic()
+    while True:
+        before = server_writes()
+        time.sleep(window)
+        after = server_writes()
+        rates = {what: (after[what] - before[what]) / window for what in after}
+        if all(rate < 1024 for rate in rates.values()) or \
+                time.monotonic() - started > give_up:
+            return {**rates, "waited_s": time.monotonic() - started}
+        print(f"  waiting for idle servers: others write {rates['wal_bytes'] / 1024:.0f} KiB/s "
+              f"of WAL, {rates['binlog_bytes'] / 1024:.0f} KiB/s of binlog", flush=True)
+
+
 def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
     out = {}
     total_pss = 0
@@ -303,6 +321,8 @@ def measure(n: int, args, tmp: Path) -> dict:
     workdir.mkdir()
     config = write_config(workdir, names)
     result: dict = {"backends": n, "quiet": L.wait_quiet(args.quiet_busy)}
+    if args.wait_servers_idle:
+        result["servers_idle"] = wait_servers_idle()
     started = time.monotonic()
     lapidus = subprocess.Popen([str(Path(sys.executable).parent / "lapidus"), "-c", str(config)],
                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
@@ -452,6 +472,9 @@ def main() -> None:
     parser.add_argument("--quiet-busy", type=float, default=15.0)
     parser.add_argument("--skip-latency", action="store_true",
                         help="stop after the idle phase (start-up, idle CPU and memory only)")
+    parser.add_argument("--wait-servers-idle", action="store_true",
+                        help="before each N, wait until nobody else writes to PostgreSQL and "
+                             "MariaDB (a shared host's other work wakes idle backends)")
     parser.add_argument("--out", default="/tmp/lapidus-density.json")
     args = parser.parse_args()
     results = []
