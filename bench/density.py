@@ -292,9 +292,17 @@ def wait_servers_idle(give_up: float = 1800, window: float = 10.0) -> dict:
 
 
 def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
+    """RSS, USS and PSS per kind (the workers also per source kind: ``worker pg``,
+    ``worker my``) and the total PSS."""
     out = {}
     total_pss = 0
-    for kind, procs in kinds.items():
+    by_source: Dict[str, List[psutil.Process]] = {"worker pg": [], "worker my": []}
+    for p in kinds["worker"]:
+        try:
+            by_source[f"worker {p.name()[len('lapidus:'):][:2]}"].append(p)
+        except (psutil.NoSuchProcess, KeyError):
+            continue
+    for kind, procs in {**kinds, **by_source}.items():
         rows = []
         for p in procs:
             try:
@@ -302,7 +310,8 @@ def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
             except psutil.NoSuchProcess:
                 continue
             rows.append((m.rss, m.uss, m.pss))
-            total_pss += m.pss
+            if not kind.startswith("worker "):
+                total_pss += m.pss
         if rows:
             out[kind] = {f"{what}_{stat}": fn([r[k] for r in rows]) / MIB
                          for k, what in enumerate(("rss", "uss", "pss"))
