@@ -117,7 +117,8 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("status_interval", Seconds(), "How often `pg_recvlogical` tells the server how far "
             "it wrote and fsynced (the slot advances that often; the spool holds what it "
             "has not confirmed yet), and so how often an idle `pg_recvlogical` wakes up; "
-            "`pg_recvlogical`'s own default.", 10.0, types=PG),
+            "`pg_recvlogical`'s own default. One started again after a pause at "
+            "`spool_max_bytes` reports every second.", 10.0, types=PG),
     Setting("spool_segment_bytes", ByteSize(), "Spool file size at which a new segment starts.",
             64 * 2**20, types=PG),
     Setting("spool_max_bytes", ByteSize(), "Undelivered spool at which `pg_recvlogical` is "

@@ -12,7 +12,11 @@ the child exits (Linux 5.3 and later; elsewhere the worker looks once a second).
 fsynced (the slot advances no further); it also wakes pg_recvlogical that often when nothing
 happens.  Lapidus's default is pg_recvlogical's own, 10 s: the slot trails the spool by up to
 that much more, and after a restart the server sends that much again, which the spool reader
-skips (transactions at or before the checkpoint's LSN); nothing is lost or sent twice.
+skips (transactions at or before the checkpoint's LSN); nothing is lost or sent twice.  A stop
+(SIGINT) sends no last report, so a pg_recvlogical that runs shorter than its interval never
+moves the slot: one started again after a pause at the spool cap, which runs only until the
+spool is full again, reports every second (``RESUMED_STATUS_INTERVAL``), or the server would
+send the same WAL again at every resume and the spool would never get past it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from .tls import tls_options
 #: Default of the backend settings status_interval and fsync_interval (seconds).
 STATUS_INTERVAL = 10.0
 FSYNC_INTERVAL = 1.0
+#: status_interval of a pg_recvlogical started again after a pause at the spool cap (seconds).
+RESUMED_STATUS_INTERVAL = 1
 
 SESSION_OPTIONS = ("-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
                    "-c extra_float_digits=3 -c bytea_output=hex")
@@ -100,12 +106,15 @@ class RecvLogical:
         self.application_name = application_name
         self.proc: Optional[subprocess.Popen] = None
         self.pidfd: Optional[int] = None     # readable once proc has exited (None: unknown)
+        self.resumed = False    # started again after a pause at the spool cap (see the module)
         self._log_start = 0
 
     def argv(self) -> List[str]:
         fsync = max(1, int(round(float(self.options.get("fsync_interval") or FSYNC_INTERVAL))))
         status = max(1, int(round(float(self.options.get("status_interval")
                                         or STATUS_INTERVAL))))
+        if self.resumed:
+            status = min(status, RESUMED_STATUS_INTERVAL)
         argv = [self.binary, "--start", "--no-loop",
                 "-d", conninfo(self.options, self.application_name),
                 "--slot", self.slot, "-f", str(self.output),
@@ -170,7 +179,8 @@ class RecvLogical:
             return ""
 
     def stop(self, grace: float = 5.0) -> None:
-        """SIGINT makes pg_recvlogical fsync, send final feedback and exit 0."""
+        """SIGINT makes pg_recvlogical fsync and exit 0 (without a last report to the server:
+        the slot stays where its last periodic report put it)."""
         if not self.proc:
             return
         if self.proc.poll() is None:

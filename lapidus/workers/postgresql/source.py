@@ -479,6 +479,7 @@ class PostgresSource(Source):
             self._child_died(code)
             return
         self._repair_tail()          # resuming after a pause for the spool cap
+        self.child.resumed = True    # reports every second (recvlogical's module docstring)
         self._spawn()
 
     def _child_died(self, code: int) -> None:
