@@ -1,7 +1,8 @@
 """Many tenants on one box: memory, idle CPU, start-up and latency with N backends.
 
     .venv/bin/python bench/density.py [--sizes 10,50,100] [--idle-seconds 60]
-                                      [--rate 1000] [--duration 30] [--out FILE]
+                                      [--rate 1000] [--duration 30] [--skip-latency]
+                                      [--wait-servers-idle] [--out FILE]
 
 For each N of ``--sizes``: one ``lapidus`` with N backends, half PostgreSQL databases and half
 MariaDB databases (``lapidus_bench_density_<i>`` on each server, one table ``items``), all
@@ -14,11 +15,16 @@ publishing to NATS core through the nats plugin. Per N it reports, in one run:
   each worker, each ``pg_recvlogical``), the median and max per kind and the total PSS (what
   the box really spends; RSS counts pages shared with the supervisor once per process);
 * **idle CPU**: CPU seconds (user + system) of all those processes over ``--idle-seconds``
-  with nothing written, as a percentage of one core;
+  with nothing written, as a percentage of one core (workers also per source kind), and what
+  others wrote meanwhile to the servers' WAL and binlog: on a shared host those writes reach
+  the idle backends too (each walsender pings its ``pg_recvlogical`` as the WAL grows, each
+  binlog reader receives the whole binlog; ``--wait-servers-idle`` starts only once nobody
+  else writes);
 * **latency**: commit-to-NATS-subscriber p50/p99/max at ``--rate`` single-row commits/s spread
   round-robin over all backends for ``--duration`` s (the open-loop generator of
   bench/latency.py's kind: commit j is due at t0 + j/rate, whatever the commits before it did),
-  and rows missing (must be 0).
+  and rows missing (must be 0); ``--skip-latency`` leaves this phase out (the idle figures
+  alone take a few minutes less at N = 100).
 
 Waits for a quiet machine before each N (bench/latency.py's ``wait_quiet``). ``max_connections``
 of MariaDB and ``max_replication_slots`` / ``max_wal_senders`` of PostgreSQL must fit N (the
@@ -240,10 +246,63 @@ def cpu_seconds(kinds: Dict[str, List[psutil.Process]]) -> Dict[str, float]:
     return out
 
 
+def worker_cpu_seconds(workers: List[psutil.Process]) -> Dict[str, float]:
+    """CPU seconds (user + system) so far of the PostgreSQL and of the MariaDB workers
+    (process names lapidus:pg<i> and lapidus:my<i>)."""
+    out = {"pg": 0.0, "my": 0.0}
+    for p in workers:
+        try:
+            kind = p.name()[len("lapidus:"):][:2]
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        if kind in out:
+            out[kind] += t.user + t.system
+    return out
+
+
+def server_writes() -> Dict[str, int]:
+    """Bytes written so far to PostgreSQL's WAL and MariaDB's binlogs, by anyone: on a shared
+    host other work's writes reach every idle walsender (whose keepalives wake each
+    pg_recvlogical) and every binlog reader, so the idle figures are read with them."""
+    pg = L.pg_connect("postgres")
+    wal = int(L.sql(pg, "SELECT pg_current_wal_lsn() - '0/0'")[0][0])
+    pg.close()
+    my = L.mysql_connect()
+    binlog = sum(int(row[1]) for row in L.query(my, "SHOW BINARY LOGS"))
+    my.close()
+    return {"wal_bytes": wal, "binlog_bytes": binlog}
+
+
+def wait_servers_idle(give_up: float = 1800, window: float = 10.0) -> dict:
+    """Wait until nobody writes to the servers (under 1 KiB/s of WAL and of binlog over
+    ``window`` s): the idle figures of a shared host are otherwise other work's. Returns the
+    last rates seen and how long it waited."""
+    started = time.monotonic()
+    while True:
+        before = server_writes()
+        time.sleep(window)
+        after = server_writes()
+        rates = {what: (after[what] - before[what]) / window for what in after}
+        if all(rate < 1024 for rate in rates.values()) or \
+                time.monotonic() - started > give_up:
+            return {**rates, "waited_s": time.monotonic() - started}
+        print(f"  waiting for idle servers: others write {rates['wal_bytes'] / 1024:.0f} KiB/s "
+              f"of WAL, {rates['binlog_bytes'] / 1024:.0f} KiB/s of binlog", flush=True)
+
+
 def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
+    """RSS, USS and PSS per kind (the workers also per source kind: ``worker pg``,
+    ``worker my``) and the total PSS."""
     out = {}
     total_pss = 0
-    for kind, procs in kinds.items():
+    by_source: Dict[str, List[psutil.Process]] = {"worker pg": [], "worker my": []}
+    for p in kinds["worker"]:
+        try:
+            by_source[f"worker {p.name()[len('lapidus:'):][:2]}"].append(p)
+        except (psutil.NoSuchProcess, KeyError):
+            continue
+    for kind, procs in {**kinds, **by_source}.items():
         rows = []
         for p in procs:
             try:
@@ -251,7 +310,8 @@ def memory(kinds: Dict[str, List[psutil.Process]]) -> dict:
             except psutil.NoSuchProcess:
                 continue
             rows.append((m.rss, m.uss, m.pss))
-            total_pss += m.pss
+            if not kind.startswith("worker "):
+                total_pss += m.pss
         if rows:
             out[kind] = {f"{what}_{stat}": fn([r[k] for r in rows]) / MIB
                          for k, what in enumerate(("rss", "uss", "pss"))
@@ -270,6 +330,8 @@ def measure(n: int, args, tmp: Path) -> dict:
     workdir.mkdir()
     config = write_config(workdir, names)
     result: dict = {"backends": n, "quiet": L.wait_quiet(args.quiet_busy)}
+    if args.wait_servers_idle:
+        result["servers_idle"] = wait_servers_idle()
     started = time.monotonic()
     lapidus = subprocess.Popen([str(Path(sys.executable).parent / "lapidus"), "-c", str(config)],
                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
@@ -289,14 +351,26 @@ def measure(n: int, args, tmp: Path) -> dict:
 
         kinds = processes(lapidus)
         before = cpu_seconds(kinds)
+        before_workers = worker_cpu_seconds(kinds["worker"])
+        writes_before = server_writes()
         time.sleep(args.idle_seconds)      # the measurement itself: nothing is written
         kinds = processes(lapidus)
         after = cpu_seconds(kinds)
+        after_workers = worker_cpu_seconds(kinds["worker"])
+        writes_after = server_writes()
         per_kind = {kind: 100.0 * (after[kind] - before.get(kind, 0.0)) / args.idle_seconds
                     for kind in after}
         result["idle_cpu_percent_by_kind"] = per_kind
         result["idle_cpu_percent_of_one_core"] = sum(per_kind.values())
+        result["idle_worker_cpu_percent_by_source"] = {
+            kind: 100.0 * (after_workers[kind] - before_workers[kind]) / args.idle_seconds
+            for kind in after_workers}
+        result["others_writes_per_second"] = {
+            what: (writes_after[what] - writes_before[what]) / args.idle_seconds
+            for what in writes_after}
         result["memory_idle"] = memory(kinds)
+        if args.skip_latency:
+            return result
 
         expected = int(args.rate * args.duration)
         sub = L.Subscriber({"1": f"{SUBJECT_PREFIX}.>"}, expected,
@@ -371,6 +445,11 @@ def report(r: dict) -> None:
           f"streaming after {r['startup_streaming_s']:.1f} s; idle CPU "
           f"{r['idle_cpu_percent_of_one_core']:.2f}% of one core (" + ", ".join(
               f"{kind} {pct:.2f}%" for kind, pct in r["idle_cpu_percent_by_kind"].items()) + ")")
+    by_source = r["idle_worker_cpu_percent_by_source"]
+    writes = r["others_writes_per_second"]
+    print(f"    workers: PostgreSQL {by_source['pg']:.2f}%, MariaDB {by_source['my']:.2f}%; "
+          f"meanwhile others wrote {writes['wal_bytes'] / 1024:.0f} KiB/s of WAL, "
+          f"{writes['binlog_bytes'] / 1024:.0f} KiB/s of binlog")
     for kind, m in r["memory_idle"].items():
         if kind == "total_pss":
             continue
@@ -378,6 +457,8 @@ def report(r: dict) -> None:
               f"  USS {m['uss_median']:6.1f} (max {m['uss_max']:6.1f})  PSS "
               f"{m['pss_median']:6.1f} MiB")
     print(f"    total PSS {r['memory_idle']['total_pss']:.0f} MiB")
+    if "latency_ms" not in r:
+        return      # --skip-latency
     lat = r["latency_ms"]
     print(f"    latency at {r['rows_written']} rows: p50 {lat.get('p50', float('nan')):.2f} ms, "
           f"p99 {lat.get('p99', float('nan')):.2f} ms, max {lat.get('max', float('nan')):.2f} "
@@ -398,6 +479,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--quiet-busy", type=float, default=15.0)
+    parser.add_argument("--skip-latency", action="store_true",
+                        help="stop after the idle phase (start-up, idle CPU and memory only)")
+    parser.add_argument("--wait-servers-idle", action="store_true",
+                        help="before each N, wait until nobody else writes to PostgreSQL and "
+                             "MariaDB (a shared host's other work wakes idle backends)")
     parser.add_argument("--out", default="/tmp/lapidus-density.json")
     args = parser.parse_args()
     results = []

@@ -120,9 +120,12 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("fsync_interval", Seconds(), "How often `pg_recvlogical` fsyncs the spool (and "
             "so confirms the slot). Unused in cluster mode, where the slot confirms what the "
             "sinks acknowledged (docs/cluster.md).", 1.0, types=PG),
-    Setting("status_interval", Seconds(), "How often `pg_recvlogical` (in cluster mode: "
-            "the replication reader, with what the sinks acknowledged) reports to the server.",
-            1.0, types=PG),
+    Setting("status_interval", Seconds(), "How often `pg_recvlogical` tells the server how far "
+            "it wrote and fsynced (the slot advances that often; the spool holds what it "
+            "has not confirmed yet), and so how often an idle `pg_recvlogical` wakes up; "
+            "`pg_recvlogical`'s own default. One started again after a pause at "
+            "`spool_max_bytes` reports every second. In cluster mode: how often the "
+            "replication reader reports what the sinks acknowledged.", 10.0, types=PG),
     Setting("spool_segment_bytes", ByteSize(), "Spool file size at which a new segment starts.",
             64 * 2**20, types=PG),
     Setting("spool_max_bytes", ByteSize(), "Undelivered spool at which `pg_recvlogical` is "
@@ -150,8 +153,10 @@ BACKEND_TYPED: Tuple[Setting, ...] = (
     Setting("connect_retry_seconds", Seconds(zero=True), "No longer used (accepted so older "
             "files load): an unreachable server is retried for ever, see "
             "`reconnect_max_delay`.", types=MY),
-    Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server, so a dead "
-            "connection is noticed.", 5.0, types=MY),
+    Setting("heartbeat_seconds", Seconds(), "Heartbeat period asked of the server while its "
+            "binlog is quiet, so a dead connection is noticed: a binlog connection silent for "
+            "3 times this long (45 s by default) is reopened from the checkpoint, at the latest "
+            "10 s after that. Each heartbeat wakes an idle worker.", 15.0, types=MY),
     Setting("allow_partial_row_image", Bool(), "Accept `binlog_row_image` other than FULL "
             "(events then lack unchanged columns).", False, types=MY),
     Setting("flavor", Choice("auto", "mariadb", "mysql"), "Server flavour; `auto` asks the "

@@ -42,6 +42,7 @@ from .. import exitcodes, logs
 from ..backoff import RestartPolicy
 from ..procutil import keep_files_private
 from ..workers.runner import worker_main
+from ..workers.wakeup import WAKE_SIGNAL
 from .cluster_gate import ClusterGate
 from .control_server import ControlServer, SocketInUse
 from .handles import ChildHandle
@@ -53,7 +54,11 @@ from .states import State
 from .status_page import StatusPage
 from .tail_view import TailView
 
-TICK = 0.5
+# The loop sleeps until the next thing it knows of falls due (_timeout): a child's
+# heartbeat deadline, a restart, a stop or client deadline, a systemd watchdog ping, or a
+# message, signal or client that wakes it.  This only bounds the sleep, as a last resort.
+LONGEST_SLEEP = 5.0
+REAP_EVERY = 5.0      # seconds between looks at every child without a SIGCHLD (_reap_due)
 REAP_GRACE = 2.0      # seconds to wait for killed children to be reaped before giving up
 
 
@@ -72,6 +77,7 @@ class Arbiter:
         self.log = logs.get_logger(process="supervisor")
         self.ctx = multiprocessing.get_context("fork")
         self.signals: List[int] = []
+        self.reap_at = 0.0      # monotonic time of the next look at every child (_reap_due)
         self.stopping = False
         self.stop_deadline = 0.0
         self.dispatcher_deadline = 0.0
@@ -153,6 +159,9 @@ class Arbiter:
                 self.begin_stop(f"received {signal.Signals(signum).name}")
             elif signum == signal.SIGHUP:
                 self.reload()
+                self.reap_at = 0.0      # a removed backend's handle goes at the next look
+            elif signum == signal.SIGCHLD:
+                self.reap_at = 0.0      # a child exited: look at them all now
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -209,7 +218,7 @@ class Arbiter:
             while True:
                 self._wait(wakeup)
                 self._handle_signals()
-                self._reap()
+                self._reap_due()
                 self._enforce_leases()
                 self._kill_stale()
                 self._kill_overdue_stops()
@@ -262,16 +271,31 @@ class Arbiter:
             listener.expire(now)
 
     def _timeout(self) -> float:
+        """Seconds until the next thing the loop must do on its own falls due."""
         now = time.monotonic()
-        due = [h.next_start for h in self._children() if h.state == State.BACKOFF]
-        due += [h.stop_deadline for h in self._children() if h.state == State.STOPPING]
+        children = self._children()
+        due = [h.next_start for h in children if h.state == State.BACKOFF]
+        due += [h.stop_deadline for h in children if h.state == State.STOPPING]
         due += [d for d in (listener.next_deadline() for listener in self.listeners) if d]
+        due.append(self.reap_at)
+        stale = self._stale_deadline(children)
+        if stale is not None:
+            due.append(stale)
+        ping = self.notifier.next_ping()
+        if ping is not None:
+            due.append(ping)
         if self.gate is not None:
             due += self.gate.deadlines(now, [n for n, h in self.workers.items()
                                              if h.process is not None])
         if self.stopping:
             due.append(now + 0.1)
-        return max(0.0, min([TICK] + [d - now for d in due]))
+        return max(0.0, min([LONGEST_SLEEP] + [d - now for d in due]))
+
+    def _stale_deadline(self, children: List[ChildHandle]) -> Optional[float]:
+        """When the quietest watched child becomes overdue (:meth:`_kill_stale`)."""
+        timeout = float(self.config.supervisor.heartbeat_timeout)
+        last = [h.last_report for h in children if _heartbeat_watched(h)]
+        return min(last) + timeout if last else None
 
     def _notify_systemd(self) -> None:
         """READY once every backend is running or failed; STATUS on change; WATCHDOG always."""
@@ -289,14 +313,12 @@ class Arbiter:
         """A child that stopped reporting is wedged or frozen: kill it so it restarts.
 
         Workers report once a second while waiting for their database or while their figures
-        change, and at least four times per timeout when idle (runner.QUIET_REPORT_EVERY); the
-        dispatcher once a second always."""
+        change, and at least four times per timeout when idle (runner.QUIET_REPORT_EVERY); so
+        does the dispatcher.  The loop wakes for the first such deadline (_stale_deadline)."""
         now = time.monotonic()
         timeout = float(self.config.supervisor.heartbeat_timeout)
         for handle in self._children():
-            watched = handle.state in (State.RUNNING, State.WAITING)
-            if watched and handle.process is not None and not handle.killed \
-                    and now - handle.last_report > timeout:
+            if _heartbeat_watched(handle) and now - handle.last_report > timeout:
                 handle.last_error = f"no heartbeat for {timeout:g}s; killed"
                 self.log.error("child stopped reporting; killing it", child=handle.name,
                                seconds=round(now - handle.last_report, 1))
@@ -350,6 +372,15 @@ class Arbiter:
         inbox.close()       # the child holds its own copy
         self.gate.outbox = outbox
         self.lease_child.state = State.RUNNING
+
+    def _reap_due(self) -> None:
+        """Look for exited children after a SIGCHLD (or a reload), and every REAP_EVERY
+        seconds as a last resort; not at every turn of the loop: a waitpid per child per
+        wake-up is most of what a hundred idle workers would cost the supervisor."""
+        now = time.monotonic()
+        if now >= self.reap_at:
+            self.reap_at = now + REAP_EVERY
+            self._reap()
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -618,6 +649,7 @@ class Arbiter:
             if gone:
                 self.log.info("backfills cancelled", backend=handle.name,
                               backfills=[r.n for r in gone])
+                _wake_worker(handle)
             return {"ok": True, "cancelled": [r.fields() for r in gone]}
         if not isinstance(table, str):
             return {"ok": False, "code": "bad_request", "error": "backfill needs a table"}
@@ -625,6 +657,7 @@ class Arbiter:
         queued = queue.add(table, where if isinstance(where, str) and where.strip() else None)
         self.log.info("backfill requested", backend=handle.name, n=queued.n, table=table,
                       where=queued.where)
+        _wake_worker(handle)
         return {"ok": True, "backfill": queued.fields(), "state": handle.state.value}
 
     def reload(self) -> None:
@@ -739,6 +772,25 @@ class Arbiter:
             return {"ok": False, "code": "not_clustered", "error": "this lapidus runs alone "
                     "(its configuration has no [cluster])"}
         return {"ok": True, **self.cluster_view()}
+
+
+def _wake_worker(handle: ChildHandle) -> None:
+    """Make a streaming worker look at its backfill requests now, not at its next keep-alive
+    (lapidus.workers.wakeup).  Only a RUNNING one: it has said ready, so its handler is in
+    place (the signal's default action ends a process); any other looks when it starts
+    streaming."""
+    if handle.state != State.RUNNING or handle.pid is None or handle.killed:
+        return
+    try:
+        os.kill(handle.pid, WAKE_SIGNAL)
+    except OSError:
+        pass            # it just exited: the next worker looks when it starts streaming
+
+
+def _heartbeat_watched(handle: ChildHandle) -> bool:
+    """A live child that must keep reporting (RUNNING or WAITING, not killed already)."""
+    return handle.state in (State.RUNNING, State.WAITING) and handle.process is not None \
+        and not handle.killed
 
 
 def _dispatcher_main(*args) -> None:

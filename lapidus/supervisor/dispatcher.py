@@ -10,9 +10,11 @@ own backend only, never the others.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -23,6 +25,7 @@ from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_
 from ..sinks import registry
 from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
+from ..workers.runner import next_keep_alive, quiet_report_every
 from .refusals import RefusedEvents
 from .tail_ring import TailRing, TailWatch
 
@@ -220,7 +223,7 @@ class Pipeline:
 class Dispatcher:
     def __init__(self, config, socket_path: str, log, status=None):
         self.config = config
-        self.status = status    # pipe to the supervisor: stats once a second
+        self.status = status    # pipe to the supervisor: stats when they change, keep-alives
         self.socket_path = socket_path
         self.log = log
         self.pipelines: Dict[str, Pipeline] = {}
@@ -230,6 +233,7 @@ class Dispatcher:
         self.failed: Optional[BaseException] = None
         self.stopping = asyncio.Event()
         self.tail_watch = TailWatch()
+        self.watch_arrived = asyncio.Event()    # wakes tail_forever from its idle wait
 
     async def _sink(self, name: str, options: dict, backend: str) -> Sink:
         cls = registry.load(name)
@@ -397,22 +401,33 @@ class Dispatcher:
                                retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
 
+    def stats(self) -> dict:
+        """What ``lapidusctl status`` shows of the dispatcher, per backend."""
+        return {
+            "sink_errors": {n: dict(p.errors) for n, p in self.pipelines.items()},
+            "queued_batches": {n: p.queue.qsize() for n, p in self.pipelines.items()},
+            "delivered": {n: p.delivered for n, p in self.pipelines.items()},
+            "sink_health": {n: p.health() for n, p in self.pipelines.items()},
+            "sink_failing": {n: dict(p.failing) for n, p in self.pipelines.items()
+                             if p.failing},
+            "undeliverable": {n: dict(p.refusals.held)
+                              for n, p in self.pipelines.items() if p.refusals.held},
+            "dead_letters": {n: p.refusals.count for n, p in self.pipelines.items()},
+        }
+
     async def report_forever(self) -> None:
+        """Stats to the supervisor: looked at every second, sent when they changed, and
+        unchanged only as often as the supervisor's heartbeat needs (as workers do)."""
+        quiet = quiet_report_every(float(self.config.supervisor.heartbeat_timeout))
+        reported, keep_alive_at = None, -math.inf
         while self.status is not None:
-            try:
-                self.status.send(("stats", {
-                    "sink_errors": {n: dict(p.errors) for n, p in self.pipelines.items()},
-                    "queued_batches": {n: p.queue.qsize() for n, p in self.pipelines.items()},
-                    "delivered": {n: p.delivered for n, p in self.pipelines.items()},
-                    "sink_health": {n: p.health() for n, p in self.pipelines.items()},
-                    "sink_failing": {n: dict(p.failing) for n, p in self.pipelines.items()
-                                     if p.failing},
-                    "undeliverable": {n: dict(p.refusals.held)
-                                      for n, p in self.pipelines.items() if p.refusals.held},
-                    "dead_letters": {n: p.refusals.count for n, p in self.pipelines.items()},
-                }))
-            except (OSError, ValueError):
-                return
+            stats, now = self.stats(), time.monotonic()
+            if stats != reported or now >= keep_alive_at:
+                try:
+                    self.status.send(("stats", stats))
+                except (OSError, ValueError):
+                    return
+                reported, keep_alive_at = stats, next_keep_alive(now, quiet)
             await asyncio.sleep(1.0)
 
     def read_requests(self) -> None:
@@ -424,12 +439,17 @@ class Dispatcher:
                     # the rings start now, so nothing delivered after the request is missed
                     self.tail_watch.watch(fields)
                     self.tail_watch.apply(self.pipelines, send=False)
+                    self.watch_arrived.set()
         except (EOFError, OSError):
             asyncio.get_running_loop().remove_reader(self.status.fileno())
 
     async def tail_forever(self) -> None:
-        """Send the watched backends' new events to the supervisor (status page's tail)."""
+        """Send the watched backends' new events to the supervisor (status page's tail);
+        while no page watches (and no ring is left to take back), sleep until a watch."""
         while self.status is not None:
+            if self.tail_watch.idle(self.pipelines):
+                self.watch_arrived.clear()
+                await self.watch_arrived.wait()
             for backend, events in self.tail_watch.apply(self.pipelines):
                 try:
                     self.status.send(("tail", {"backend": backend, "events": events}))

@@ -59,5 +59,12 @@ class Notifier:
             self._last_ping = now
             self.send("WATCHDOG=1")
 
+    def next_ping(self) -> Optional[float]:
+        """Monotonic time the next WATCHDOG=1 is due (None: no watchdog): the loop must wake
+        for it even when nothing else happens."""
+        if self.watchdog_interval is None:
+            return None
+        return self._last_ping + self.watchdog_interval
+
     def stopping(self) -> None:
         self.send("STOPPING=1")

@@ -63,6 +63,11 @@ class TailWatch:
         self.until: Dict[str, float] = {}
         self.sent: Dict[str, int] = {}
 
+    def idle(self, pipelines: dict) -> bool:
+        """No backend is watched and no pipeline keeps a ring: nothing to do until a watch
+        request arrives."""
+        return not self.until and all(p.tail is None for p in pipelines.values())
+
     def watch(self, backends: Iterable[str], now: Optional[float] = None) -> None:
         """A watch request: these backends for another ``WATCH_LAPSES`` seconds; the ones not
         named are no longer watched."""

@@ -82,6 +82,21 @@ class Source(abc.ABC):
         for the first one.  Returns an empty batch when nothing arrived in time; never waits
         for a batch to fill once it has an event (no added latency)."""
 
+    #: Set by the worker loop before :meth:`open`: a file descriptor that becomes readable
+    #: when the loop has something else to do (a signal arrived: stop, a backfill request;
+    #: :mod:`lapidus.workers.wakeup`).  A read that watches it returns at once, empty.
+    wake_fd: Optional[int] = None
+
+    def idle_wait(self) -> float:
+        """The longest one :meth:`read` may wait while nothing is in flight.
+
+        A source whose read also returns when :attr:`wake_fd` is readable, and which needs
+        no periodic look of its own while idle (it watches its child processes through file
+        descriptors too), answers ``math.inf``: an idle worker then sleeps until its next
+        keep-alive report.  The default, a second, keeps the loop's old once-a-second
+        cadence (backfill requests and stats are looked at every second)."""
+        return 1.0
+
     def commit(self, checkpoint: Any) -> None:
         """Called, in order, once everything up to ``checkpoint`` is delivered and saved.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
 import operator
 import os
 import signal
@@ -29,26 +30,45 @@ from ..cluster.protocol import CheckpointUnavailable, LeaseLost
 from ..events import batch_fields
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
-from .base import BackendError, Source
+from .base import BackendError, Batch, Source
 from .snapshot.backfills import Backfills
 from .snapshot.requests import BackfillQueue
 from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
+from .wakeup import Wakeup
 
 _COUNT_KEY = operator.attrgetter("schema", "table", "type")
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
+# While anything moves (batches in flight, a new position) the stats go out at most this
+# often; sources that cannot sleep longer (Source.idle_wait) are looked at this often too.
 STATUS_EVERY = 1.0
 # Stats that did not change since the last report are sent again only this often (at most;
 # less when the supervisor's heartbeat_timeout is short), so a hundred idle workers do not
 # wake the supervisor a hundred times a second to learn nothing.
 QUIET_REPORT_EVERY = 10.0
-# How long one read may wait for the source. Sources wake at once when data arrives (inotify,
-# a socket), so this only bounds how late the loop looks at other things: acks and a pending
-# checkpoint need it soon; an idle worker with nothing in flight wakes once per status report,
-# which is what lets a hundred idle backends cost next to no CPU.
+# How long one read may wait for the source while batches are in flight or a position is
+# unsaved: acks and a pending checkpoint need the loop soon.  Sources wake at once when data
+# arrives (inotify, a socket), so this only bounds how late the loop looks at other things.
+# With nothing in flight a read waits until the next report is due (StatusSchedule), or a
+# second for a source that cannot sleep longer: that is what lets a hundred idle backends
+# cost next to no CPU.
 READ_WAIT_BUSY = 0.2
 READ_WAIT_IDLE = STATUS_EVERY
 DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 LINK_LOST_GRACE = 1.0  # seconds a worker that lost its dispatcher waits for a stop signal
+
+
+def quiet_report_every(heartbeat_timeout: float) -> float:
+    """Seconds between two reports of unchanged stats (a worker's, the dispatcher's): the
+    supervisor kills a child silent for ``heartbeat_timeout``, so well within it."""
+    return max(STATUS_EVERY, min(QUIET_REPORT_EVERY, heartbeat_timeout / 4))
+
+
+def next_keep_alive(last_report: float, every: float) -> float:
+    """When unchanged stats are due again after a report at ``last_report`` (monotonic): the
+    next multiple of ``every``, at most ``every`` later.  Every process of the box counts on
+    the same monotonic clock, so idle children report together and the supervisor wakes
+    once for many of them rather than once for each."""
+    return (math.floor(last_report / every) + 1) * every
 
 
 def make_source(backend, state_dir: Path, log) -> Source:
@@ -65,6 +85,47 @@ def make_source(backend, state_dir: Path, log) -> Source:
     raise BackendError(f"unknown backend type {backend.type!r}", fatal=True)
 
 
+class StatusSchedule:
+    """When the worker loop next takes its status step (stats, backfill requests).
+
+    Runs in the worker process.  The step is due at once after a wake-up (a signal: a
+    backfill request, see :mod:`.wakeup`); ``STATUS_EVERY`` after the last one while the
+    loop's own figures move (a batch, an ack, a new position), and always for a source that
+    cannot sleep longer than that anyway (``every_second``); otherwise only when the
+    unchanged stats are due again as the worker's keep-alive (at most ``quiet_every`` after
+    the last report, well inside the supervisor's ``heartbeat_timeout``; on a grid common to
+    all children, :func:`next_keep_alive`).  Stats go out when they changed or at the
+    keep-alive.
+    """
+
+    def __init__(self, quiet_every: float, start: float, *, every_second: bool):
+        self.quiet_every = quiet_every
+        self.every_second = every_second
+        self.last_step = start          # the first step follows the first read
+        self.keep_alive_at = -math.inf  # the first stats go out whatever they are
+        self.reported: Optional[dict] = None
+        self.seen: Optional[tuple] = None     # the loop's figures at the last step
+
+    def next_due(self, figures: tuple) -> float:
+        """Monotonic time of the next step, ``figures`` being the loop's figures now."""
+        soon = self.last_step + STATUS_EVERY
+        if self.every_second or figures != self.seen:
+            return soon
+        return max(soon, self.keep_alive_at)
+
+    def due(self, now: float, figures: tuple) -> bool:
+        return now >= self.next_due(figures)
+
+    def stepped(self, now: float, figures: tuple, stats: dict) -> bool:
+        """Record a step; True when ``stats`` must be sent (changed, or keep-alive due)."""
+        self.last_step, self.seen = now, figures
+        if stats == self.reported and now < self.keep_alive_at:
+            return False
+        self.reported = stats
+        self.keep_alive_at = next_keep_alive(now, self.quiet_every)
+        return True
+
+
 class WorkerLoop:
     """State of one worker process; :meth:`run` is its whole life.
 
@@ -76,15 +137,14 @@ class WorkerLoop:
     """
 
     def __init__(self, backend, state_dir: Path, socket_path: str, status, log,
-                 heartbeat_timeout: float = 60.0, lease=None):
+                 heartbeat_timeout: float = 60.0, lease=None, wake: Optional[Wakeup] = None):
         self.backend = backend
         self.state_dir = state_dir
         self.socket_path = socket_path
         self.status = status            # multiprocessing Connection to the supervisor
-        # the supervisor kills a worker silent for heartbeat_timeout: report well within it
-        self.quiet_report_every = max(STATUS_EVERY,
-                                      min(QUIET_REPORT_EVERY, heartbeat_timeout / 4))
+        self.quiet_report_every = quiet_report_every(heartbeat_timeout)
         self.log = log
+        self.wake = wake                # signals end an idle read at once (None: tests)
         self.gate = StopGate()
         if lease is not None:
             from ..cluster.checkpoints import FencedCheckpointStore
@@ -141,6 +201,7 @@ class WorkerLoop:
         link = None
         try:
             source = make_source(self.backend, self.state_dir, self.log)
+            source.wake_fd = self.wake.fd if self.wake is not None else None
             if not isinstance(self.store, CheckpointStore):
                 source.share_state(self.store)     # cluster mode
             checkpoint = self.store.load()
@@ -235,7 +296,7 @@ class WorkerLoop:
         """
         self.log.warning("lost the connection to the database; reconnecting from the last "
                          "confirmed position", error=str(error), target=source.target())
-        self.waiter.lost(error, source.target())
+        short_lived = self.waiter.lost(error, source.target())
         self._drain(link)
         self._save(force=True, source=source)
         self.inflight.clear()
@@ -243,56 +304,87 @@ class WorkerLoop:
         # to what it sends again, not to the last batch sent
         self.open_tail = False
         source.suspend()
+        if short_lived:
+            self.waiter.wait(error, source.target())   # a stop ends it; _open then sees it
 
     def _loop(self, source: Source, link: DispatcherLink) -> None:
-        last_status = 0.0
-        reported: Optional[dict] = None
-        last_report = 0.0
+        """Stream until told to stop: read, send, take acks, save; and the status step
+        (stats, backfill requests) when it is due or a signal woke the worker."""
+        schedule = StatusSchedule(self.quiet_report_every, time.monotonic(),
+                                  every_second=source.idle_wait() <= STATUS_EVERY)
         while not self.stopping:
             self._take_acks(link, 0.0)
             if len(self.inflight) >= self.max_inflight:
                 self._take_acks(link, 0.2)     # backpressure: the sinks are behind
                 source.tick()
             else:
-                idle = not self.inflight and self.confirmed is self.saved
-                batch = source.read(self.batch_size, READ_WAIT_IDLE if idle else READ_WAIT_BUSY)
-                if batch.checkpoint is not None:
-                    if batch.events:
-                        self._check_lease()
-                        self.seq += 1
-                        link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary)
-                        self.open_tail = not batch.at_boundary
-                        self.events_sent += len(batch.events)
-                        self._count(batch.events)
-                        self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))
-                    elif batch.at_boundary and self.open_tail:
-                        # the last batch's transaction ended after its last event (a COMMIT,
-                        # rows filtered out): an empty batch says so, or a sink that applies
-                        # whole transactions would wait for the next one
-                        self.seq += 1
-                        link.send_batch(self.seq, [], True)
-                        self.open_tail = False
-                        self.inflight.append((self.seq, batch.checkpoint, None))
-                    elif self.inflight:
-                        self.inflight.append((None, batch.checkpoint, None))
-                    else:
-                        self.confirmed = batch.checkpoint
+                wait = self._read_wait(source, schedule)
+                self._take(source.read(self.batch_size, wait), link)
             self._settle_unsent()
             self._save(source=source)
+            # emptied before the step: a signal arriving later ends the next read at once
+            woken = self.wake is not None and self.wake.drain()
             now = time.monotonic()
-            if now - last_status >= STATUS_EVERY:
-                last_status = now
-                self.backfills.poll(source, self.saved)
-                stats = dict(source.status())
-                stats["backfills"] = self.backfills.status()
-                # the loop's own fields win over a source's extras of the same name
-                stats.update(events=self.events_sent, inflight=len(self.inflight),
-                             position=_position_of(self.confirmed),
-                             event_counts=dict(self.event_counts),
-                             lag_seconds=_age(self.oldest_unconfirmed_ts))
-                if stats != reported or now - last_report >= self.quiet_report_every:
-                    self.report("stats", **stats)
-                    reported, last_report = stats, now
+            figures = self._figures()
+            if woken or schedule.due(now, figures):
+                self._status_step(source, schedule, now, figures)
+
+    def _figures(self) -> tuple:
+        """What the loop itself changes in the stats: while these move, the stats are due
+        every STATUS_EVERY; once they stand still, only as a keep-alive."""
+        return self.seq, self.confirmed, len(self.inflight)
+
+    def _read_wait(self, source: Source, schedule: "StatusSchedule") -> float:
+        """How long the next read may wait for the source (see READ_WAIT_BUSY)."""
+        if self.inflight or self.confirmed is not self.saved:
+            return READ_WAIT_BUSY
+        longest = source.idle_wait()
+        if source.snapshot_running():
+            longest = min(longest, READ_WAIT_IDLE)  # chunks and their hand-off need looks
+        due = schedule.next_due(self._figures())
+        return max(0.0, min(longest, due - time.monotonic()))
+
+    def _take(self, batch: Batch, link: DispatcherLink) -> None:
+        """Send what ``batch`` carries, or just take its new position."""
+        if batch.checkpoint is None:
+            return
+        if batch.events:
+            self._check_lease()
+            self.seq += 1
+            link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary)
+            self.open_tail = not batch.at_boundary
+            self.events_sent += len(batch.events)
+            self._count(batch.events)
+            self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))
+        elif batch.at_boundary and self.open_tail:
+            # the last batch's transaction ended after its last event (a COMMIT, rows
+            # filtered out): an empty batch says so, or a sink that applies whole
+            # transactions would wait for the next one
+            self.seq += 1
+            link.send_batch(self.seq, [], True)
+            self.open_tail = False
+            self.inflight.append((self.seq, batch.checkpoint, None))
+        elif self.inflight:
+            self.inflight.append((None, batch.checkpoint, None))
+        elif batch.checkpoint != self.confirmed:
+            # a source may hand out the same position on every empty read (MySQL): only a
+            # new one is worth a save (two fsyncs)
+            self.confirmed = batch.checkpoint
+
+    def _status_step(self, source: Source, schedule: "StatusSchedule", now: float,
+                     figures: tuple) -> None:
+        """Bring the backfills in line with their request files, and send the stats when
+        they changed or the keep-alive is due."""
+        self.backfills.poll(source, self.saved)
+        stats = dict(source.status())
+        stats["backfills"] = self.backfills.status()
+        # the loop's own fields win over a source's extras of the same name
+        stats.update(events=self.events_sent, inflight=len(self.inflight),
+                     position=_position_of(self.confirmed),
+                     event_counts=dict(self.event_counts),
+                     lag_seconds=_age(self.oldest_unconfirmed_ts))
+        if schedule.stepped(now, figures, stats):
+            self.report("stats", **stats)
 
     def _check_lease(self) -> None:
         """Cluster mode: no batch goes out past the stop time the supervisor set (it moves
@@ -398,8 +490,10 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     log = logs.get_logger(backend=backend.name)
     path = Path(state_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout, lease)
+    wake = Wakeup()
+    loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout, lease, wake)
     signal.signal(signal.SIGTERM, loop.request_stop)
+    wake.install()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
     try:
         code = run_profiled(f"worker-{backend.name}", loop.run)

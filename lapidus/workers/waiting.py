@@ -29,6 +29,11 @@ REPORT_EVERY = 1.0
 FIRST_DELAY = 0.5
 #: Default of the backend setting reconnect_max_delay (seconds).
 DEFAULT_MAX_DELAY = 30.0
+#: A connection lost sooner than this (seconds) after it was made is not reopened at once:
+#: the next backoff delay comes first, so a server (or a pg_recvlogical) that drops every
+#: new connection at once is retried at a slowing pace, not in a tight loop.  (A worker sees
+#: such a loss at once: the binlog socket, pg_recvlogical's pidfd.)
+SHORT_LIVED = 2.0
 
 
 class StopRequested(BaseException):
@@ -89,15 +94,17 @@ class Waiter:
     def waiting(self) -> bool:
         return self.since is not None
 
-    def lost(self, error: BackendError, target: str) -> None:
+    def lost(self, error: BackendError, target: str) -> bool:
         """The connection broke after it had worked: the wait begins now (reported at once);
-        the backoff starts over if the connection had lasted."""
-        if self.connected_at is not None and \
-                self.clock() - self.connected_at > self.backoff.maximum:
+        the backoff starts over if the connection had lasted.  True when it was short-lived
+        (``SHORT_LIVED``): then :meth:`wait` before the next attempt."""
+        lasted = self.clock() - self.connected_at if self.connected_at is not None else None
+        if lasted is not None and lasted > self.backoff.maximum:
             self.backoff.reset()
         self.connected_at = None
         self.since = time.time()
         self._report(target, error)
+        return lasted is not None and lasted < SHORT_LIVED
 
     def connected(self) -> None:
         if self.since is not None:

@@ -1,6 +1,7 @@
 """Worker stops and restarts through the real supervisor: SIGTERM ends every worker (streaming,
 or waiting for a database nobody can reach) before the supervisor's stop timeout would kill
-it; a ``temporary_slot`` backend stopped and started again goes on after a ``gap`` event.
+it; a ``temporary_slot`` backend stopped and started again goes on after a ``gap`` event; an
+idle worker sleeps until its next keep-alive.
 
 No timings are asserted: a worker that ignored SIGTERM would be killed at ``stop_timeout``,
 which the log shows as a non-zero exit code.
@@ -9,7 +10,9 @@ which the log shows as a non-zero exit code.
 from __future__ import annotations
 
 import json
+import time
 
+import psutil
 import pytest
 
 from tests.conftest import wait_until
@@ -143,3 +146,26 @@ def test_the_workers_own_queries_have_timeouts(pg_db, sql):
         assert my._read_timeout == QUERY_TIMEOUT and my._write_timeout == QUERY_TIMEOUT
     finally:
         my.close()
+
+
+def test_an_idle_postgresql_worker_sleeps_until_its_next_keep_alive(lapidus_factory, pg_db):
+    """Nothing is written: the worker sleeps in its spool wait until its next keep-alive report
+    (every 10 s with the default heartbeat_timeout), not once a second.  Counted as the
+    worker's voluntary context switches (one per wake-up from a wait, one per server round
+    trip) over 8 s: a keep-alive costs a few (the slot's retained-WAL query, the report), a
+    once-a-second loop costs eight and more.
+
+    PostgreSQL only: on a shared MariaDB server other work's binlog reaches every binlog
+    reader and wakes it, so a MariaDB worker's count says nothing about Lapidus."""
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = lapidus_factory({"backends": [pg_backend(pg_db)], "plugins": {"stdout": {}}})
+    wait_until(lambda: backend_status(proc.config_path, "pg").get("state") == "RUNNING", 60,
+               message="RUNNING")
+    pg_db.sql("INSERT INTO t VALUES (1)")
+    proc.wait_events(1)
+    worker = psutil.Process(proc.worker_pid("pg"))
+    time.sleep(2)           # the event's acknowledgement, checkpoint and stats
+    before = worker.num_ctx_switches().voluntary
+    time.sleep(8)
+    woke = worker.num_ctx_switches().voluntary - before
+    assert woke < 6, f"{woke} wake-ups of an idle worker in 8 s"

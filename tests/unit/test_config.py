@@ -577,7 +577,7 @@ def test_postgresql_defaults():
         "publication": "lapidus_shop_eu", "publication_mode": "all_tables",
         "publish_via_partition_root": False, "messages": True,
         "sslmode": None, "sslrootcert": None, "sslcert": None, "sslkey": None,
-        "fsync_interval": 1.0, "status_interval": 1.0,
+        "fsync_interval": 1.0, "status_interval": 10.0,
         "spool_segment_bytes": 64 * 2**20, "spool_max_bytes": 2**30, "slot_warn_bytes": 2**30,
         "pg_recvlogical": None,
     }
@@ -598,7 +598,7 @@ def test_mysql_defaults_and_derived_server_id():
         "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "host": "127.0.0.1", "port": 3306, "user": "lapidus", "password": None,
         "connect_timeout": 10, "database": None, "server_id": S.derived_server_id("crm"),
-        "connect_retry_seconds": None, "heartbeat_seconds": 5.0,
+        "connect_retry_seconds": None, "heartbeat_seconds": 15.0,
         "allow_partial_row_image": False, "flavor": "auto",
         "ssl_ca": None, "ssl_cert": None, "ssl_key": None, "ssl_verify": None,
     }

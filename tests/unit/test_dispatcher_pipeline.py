@@ -216,3 +216,35 @@ def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
 
     tries, later, acks, delivered = asyncio.run(run())
     assert tries == later <= 2 and acks == [] and delivered == 0
+
+
+def test_the_dispatcher_repeats_unchanged_stats_only_as_a_keep_alive(tmp_path, monkeypatch):
+    """Stats looked at every second: sent when they change, else at most a quarter of the
+    supervisor's heartbeat_timeout (10 s at most) after the last report, on the grid the
+    workers' keep-alives share, so an idle dispatcher does not wake the supervisor every
+    second.  A fake clock: each one-second sleep moves it by a second."""
+    from lapidus.supervisor import dispatcher as dispatcher_module
+
+    config = parse_config({"state_dir": str(tmp_path), "plugins": {"stdout": {}},
+                           "backends": [{"name": "a", "type": "postgresql", "database": "a"}]},
+                          source=str(tmp_path / "lapidus.toml"), env={})
+    clock = [1000.0]
+    sent = []
+
+    class Status:
+        def send(self, message):
+            sent.append((clock[0], message[1]["delivered"]))
+
+    dispatcher = Dispatcher(config, str(tmp_path / "d.sock"), structlog.get_logger(), Status())
+    dispatcher.stats = lambda: {"delivered": {"a": 7 if clock[0] >= 1033.0 else 0}}
+
+    async def sleep(seconds):
+        clock[0] += seconds
+        if clock[0] >= 1060.0:
+            dispatcher.status = None
+
+    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(dispatcher_module.asyncio, "sleep", sleep)
+    asyncio.run(dispatcher.report_forever())
+    assert [t for t, _ in sent] == [1000.0, 1010.0, 1020.0, 1030.0, 1033.0, 1040.0, 1050.0]
+    assert [d for _, d in sent][3:5] == [{"a": 0}, {"a": 7}]     # the change at once

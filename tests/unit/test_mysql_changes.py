@@ -4,6 +4,7 @@ server (their classes, with the attributes the stream reads)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from types import SimpleNamespace
@@ -282,6 +283,27 @@ def test_silence_longer_than_dead_after_is_a_dead_link():
     conn.deadline = time.monotonic()
     with pytest.raises(LinkDead):
         conn._read_packet()
+    server.close()
+
+
+def test_the_worker_s_wake_up_pipe_ends_a_wait_without_consuming_anything():
+    """The idle wait lasts until the next keep-alive (seconds): a signal ends it at once, as
+    Idle, and the stream goes on where it was; bytes on the stream still win."""
+    conn, server = watched_stream(dead_after=30)
+    wake_read, wake_write = os.pipe()
+    conn.wake_fd = wake_read
+    conn.deadline = time.monotonic() + 10
+    os.write(wake_write, b"\x0a")
+    started = time.monotonic()
+    with pytest.raises(Idle):
+        conn._read_packet()
+    assert time.monotonic() - started < 1.0
+    server.sendall(b"\x01\x00\x00\x01\x00")      # the pipe is still readable: the packet wins
+    conn._next_seq_id = 1
+    assert conn._read_packet().get_all_data() == b"\x00"
+    conn.wake_fd = None
+    os.read(wake_read, 10)
+    os.close(wake_read), os.close(wake_write)
     server.close()
 
 

@@ -395,3 +395,23 @@ def test_after_truncate_keeps_bytes_the_reader_had_not_read(spool):
     reader.after_truncate(spool.truncate_partial_tail(1, 0, DECODER))
     write_active(spool, b"b\n")
     assert read_all(reader) == [b"a", b"b"]
+
+
+def test_pg_recvlogical_reports_every_status_interval_and_every_second_once_resumed(tmp_path):
+    """10 s by default (pg_recvlogical's own); started again after a pause at the spool cap it
+    runs only until the spool is full again, and a stop sends no last report: every second,
+    or the slot would never move and every resume would stream the same WAL again."""
+    from lapidus.workers.postgresql.recvlogical import RecvLogical
+
+    def status_of(options, resumed=False):
+        child = RecvLogical(binary="pg_recvlogical", options={"database": "db", **options},
+                            slot="s", output=tmp_path / "active", plugin_options=[],
+                            log_path=tmp_path / "log", application_name="lapidus_b")
+        child.resumed = resumed
+        (arg,) = [a for a in child.argv() if a.startswith("--status-interval=")]
+        return int(arg.split("=")[1])
+
+    assert status_of({}) == 10
+    assert status_of({"status_interval": 30.0}) == 30
+    assert status_of({}, resumed=True) == 1
+    assert status_of({"status_interval": 30.0}, resumed=True) == 1

@@ -247,8 +247,10 @@ def test_tail_watch_gives_rings_to_watched_pipelines_only_and_lapses():
     sent = watch.apply(pipelines, now=100.1)
     assert [(name, [s for s, _ in events]) for name, events in sent] == [("a", [1])]
     assert watch.apply(pipelines, now=100.2) == []          # nothing new
+    assert not watch.idle(pipelines)
     watch.apply(pipelines, now=100.0 + WATCH_LAPSES + 0.1)   # no renewal: lapsed
     assert pipelines["a"].tail is None
+    assert watch.idle(pipelines)     # the dispatcher's tail task sleeps until a watch
 
 
 def test_pipeline_fills_its_ring_only_while_it_has_one():

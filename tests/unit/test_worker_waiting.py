@@ -6,6 +6,9 @@ No database and no processes: a fake source, a fake dispatcher link, a fake cloc
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +23,7 @@ from lapidus.workers import runner
 from lapidus.workers.base import BackendError, Batch, Source
 from lapidus.workers.postgresql import errors as pg_errors
 from lapidus.workers.waiting import StopGate, StopRequested, Waiter
+from lapidus.workers.wakeup import WAKE_SIGNAL, Wakeup
 
 LOG = structlog.get_logger()
 OPTIONS = {"host": "db.example", "port": 5433, "user": "cdc", "database": "shop"}
@@ -154,6 +158,53 @@ def test_backoff_starts_over_only_after_a_connection_that_lasted():
     clock.now += 60
     waiter.lost(error, "db")              # it had worked for a minute
     assert waiter.backoff.peek() == 0.5
+
+
+def test_a_connection_lost_soon_after_it_was_made_is_not_reopened_at_once(tmp_path,
+                                                                          monkeypatch):
+    """A pg_recvlogical (or a server) that drops every new connection at once: the worker
+    sees each loss at once, so it waits the backoff before reopening; a connection that had
+    lasted is reopened at once."""
+    waiter, clock, _ = make_waiter()
+    error = BackendError("pg_recvlogical exited")
+    waiter.connected()
+    clock.now += 0.1
+    assert waiter.lost(error, "db") is True
+    waiter.connected()
+    clock.now += 5.0
+    assert waiter.lost(error, "db") is False
+
+    class DroppingSource(Source):
+        """Opens fine; every read finds the connection gone, until the loop is stopped."""
+
+        def __init__(self, backend, state_dir, log, loop_ref):
+            super().__init__(backend, state_dir, log)
+            self.loop_ref, self.opened = loop_ref, 0
+
+        def open(self, checkpoint):
+            self.opened += 1
+
+        def read(self, max_events, timeout):
+            if self.opened >= 4:
+                self.loop_ref[0].request_stop()
+                return Batch()
+            raise BackendError("pg_recvlogical exited")
+
+        def close(self):
+            pass
+
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = DroppingSource(b, d, log, ref)
+        return source
+
+    loop, _ = make_loop(tmp_path, monkeypatch, factory)
+    slept: List[float] = []
+    loop.waiter.sleep = slept.append
+    assert loop.run() == 0
+    assert source.opened == 4 and len(slept) >= 3, slept     # a wait before each reopen
 
 
 def test_a_fatal_error_is_not_waited_for():
@@ -446,3 +497,119 @@ def test_the_quiet_report_interval_stays_well_inside_the_heartbeat_timeout(tmp_p
     default = runner.WorkerLoop(backend, tmp_path, "sock", status, LOG)
     assert short.quiet_report_every == runner.STATUS_EVERY
     assert default.quiet_report_every == runner.QUIET_REPORT_EVERY
+
+
+class SleepySource(IdleSource):
+    """An idle source that watches the wake-up pipe itself (``idle_wait`` unbounded), as the
+    PostgreSQL and MySQL sources do; every read returns the same position, as MySQL's do."""
+
+    def idle_wait(self):
+        return math.inf
+
+    def read(self, max_events, timeout):
+        batch = super().read(max_events, timeout)
+        return Batch([], {"file": "binlog.000001", "pos": 4})
+
+
+def test_an_idle_worker_that_can_sleep_wakes_only_for_its_keep_alive(tmp_path, monkeypatch):
+    """Nothing in flight, nothing read: after the first look the loop sleeps until the next
+    keep-alive report, looks at nothing in between, and saves an unchanged position once."""
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    polls = []
+
+    def script(source, loop):
+        if clock[0] >= 1060.0:
+            loop.request_stop()
+
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = SleepySource(b, d, log, ref, clock, script)
+        return source
+
+    loop, reports = make_loop(tmp_path, monkeypatch, factory)
+    monkeypatch.setattr(loop.backfills, "poll", lambda source, saved: polls.append(clock[0]))
+    saves = []
+    save = loop.store.save
+    monkeypatch.setattr(loop.store, "save", lambda value: (saves.append(value), save(value)))
+    loop.quiet_report_every = 10.0
+    assert loop.run() == 0
+    stats = [f for kind, f in reports if kind == "stats"]
+    # 60 idle seconds: a handful of reads, not sixty; one look per keep-alive
+    assert source.reads <= 10, source.waits
+    assert max(source.waits) == pytest.approx(10.0)
+    assert 6 <= len(stats) <= 7 and len(polls) == len(stats), (len(stats), polls)
+    assert saves == [{"file": "binlog.000001", "pos": 4}]     # once, not at every read
+
+
+def test_a_signal_makes_an_idle_worker_look_at_its_backfill_requests_at_once(tmp_path,
+                                                                             monkeypatch):
+    """The supervisor's WAKE_SIGNAL after queueing a backfill: the pipe becomes readable, the
+    source's read returns, and the loop polls the request files right away."""
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    wake = Wakeup()
+    polls = []
+
+    def script(source, loop):
+        if source.reads == 3:
+            os.write(wake._write_fd, b"\x0a")     # what set_wakeup_fd writes for a signal
+            source.woken_at = clock[0]
+        if source.reads == 6:
+            loop.request_stop()
+
+    source = None
+
+    def factory(b, d, log, ref):
+        nonlocal source
+        source = SleepySource(b, d, log, ref, clock, script)
+        return source
+
+    loop, _ = make_loop(tmp_path, monkeypatch, factory)
+    loop.wake = wake
+    monkeypatch.setattr(loop.backfills, "poll", lambda source, saved: polls.append(clock[0]))
+    loop.quiet_report_every = 10.0
+    assert loop.run() == 0
+    assert source.wake_fd == wake.fd
+    assert source.woken_at in polls
+    assert not wake.drain()
+
+
+def test_the_wake_up_pipe_receives_the_worker_s_signals():
+    """In a child process (the handlers and the wake-up fd are process-wide): the wake
+    signal and SIGTERM each leave a byte, and the wake signal no longer ends the process."""
+    import multiprocessing
+
+    def child(conn):
+        wake = Wakeup()
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        wake.install()
+        os.kill(os.getpid(), WAKE_SIGNAL)
+        first = wake.drain()
+        again = wake.drain()
+        os.kill(os.getpid(), signal.SIGTERM)
+        conn.send((first, again, wake.drain()))
+
+    parent, child_end = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=child, args=(child_end,))
+    process.start()
+    assert parent.poll(10), "the child did not answer"
+    assert parent.recv() == (True, False, True)
+    process.join(10)
+    assert process.exitcode == 0
+
+
+def test_keep_alives_fall_on_a_grid_common_to_every_child():
+    """Idle children report their unchanged stats together (the supervisor wakes once for
+    many), and never later than the interval after their last report."""
+    assert runner.next_keep_alive(1003.2, 10.0) == 1010.0
+    assert runner.next_keep_alive(1010.0, 10.0) == 1020.0
+    schedule = runner.StatusSchedule(10.0, 1000.0, every_second=False)
+    figures = (0, None, 0)
+    assert schedule.stepped(1001.0, figures, {"events": 0})          # the first report
+    assert not schedule.stepped(1003.0, figures, {"events": 0})      # unchanged
+    assert schedule.stepped(1003.5, figures, {"events": 1})          # changed: at once
+    assert schedule.next_due(figures) == 1010.0                      # not 1013.5
+    assert schedule.stepped(1010.0, figures, {"events": 1})          # the keep-alive

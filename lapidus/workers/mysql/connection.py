@@ -13,6 +13,8 @@ two things on the stream:
   is picked up the moment its bytes arrive.
 * when no byte at all (events or the server's heartbeats) arrived for ``dead_after`` seconds
   it raises :class:`LinkDead`.
+* the wait also ends, with :class:`Idle`, when :attr:`WatchedConnection.wake_fd` (the worker's
+  wake-up pipe, set for the reads of the worker loop) becomes readable.
 
 Neither is a pymysql error, so nothing in the library can "helpfully" reconnect (its reconnect
 replays from the original start position).
@@ -117,6 +119,7 @@ class WatchedConnection(pymysql.connections.Connection):
         self.dead_after = dead_after
         self._stream: Optional[_StreamBuffer] = None
         self._poller: Optional[select.poll] = None
+        self._wake_fd: Optional[int] = None
         if "db" in kwargs:     # python-mysql-replication still passes pymysql's old name
             kwargs["database"] = kwargs.pop("db")
         super().__init__(*args, **kwargs)
@@ -132,6 +135,22 @@ class WatchedConnection(pymysql.connections.Connection):
     def streaming(self) -> bool:
         return self._stream is not None
 
+    @property
+    def wake_fd(self) -> Optional[int]:
+        return self._wake_fd
+
+    @wake_fd.setter
+    def wake_fd(self, fd: Optional[int]) -> None:
+        """Also end a wait for the stream when ``fd`` is readable (None: do not)."""
+        if fd == self._wake_fd:
+            return
+        if self._poller is not None:
+            if self._wake_fd is not None:
+                self._poller.unregister(self._wake_fd)
+            if fd is not None:
+                self._poller.register(fd, select.POLLIN)
+        self._wake_fd = fd
+
     def _write_bytes(self, data: bytes) -> None:
         super()._write_bytes(data)
         # The dump request is the last thing the client ever sends on this connection; the
@@ -142,6 +161,8 @@ class WatchedConnection(pymysql.connections.Connection):
             self._rfile = self._stream
             self._poller = select.poll()
             self._poller.register(self._sock, select.POLLIN | select.POLLPRI)
+            if self._wake_fd is not None:
+                self._poller.register(self._wake_fd, select.POLLIN)
 
     def _read_packet(self, packet_type=MysqlPacket):
         stream = self._stream
@@ -156,8 +177,11 @@ class WatchedConnection(pymysql.connections.Connection):
         if pending is not None and pending():
             return
         wait = self.deadline - time.monotonic()
-        if self._poller.poll(max(0.0, wait) * 1000.0):
-            return
+        ready = self._poller.poll(max(0.0, wait) * 1000.0)
+        if ready:
+            if len(ready) > 1 or ready[0][0] != self._wake_fd:
+                return      # the stream has bytes (or an error pymysql will name)
+            raise Idle()    # woken: the worker loop has something else to do
         silent = time.monotonic() - stream.last_received
         if silent > self.dead_after:
             raise LinkDead(f"no data and no heartbeat for {silent:.0f} s")

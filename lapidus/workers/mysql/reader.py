@@ -220,12 +220,15 @@ class BinlogReader(BinLogStreamReader):
             return self._stream_connection
         return None
 
-    def set_deadline(self, deadline: float) -> None:
-        """Reads at a packet boundary give up (raising ``Idle``) at this monotonic time."""
+    def set_deadline(self, deadline: float, wake_fd: Optional[int] = None) -> None:
+        """Reads at a packet boundary give up (raising ``Idle``) at this monotonic time, or
+        as soon as ``wake_fd`` (the worker's wake-up pipe) is readable."""
         self._deadline = deadline
+        self._wake_fd = wake_fd
         stream = self.stream
         if stream is not None:
             stream.deadline = deadline
+            stream.wake_fd = wake_fd
 
     def connect(self) -> None:
         """Open the control and stream connections and send the dump request."""
@@ -234,6 +237,7 @@ class BinlogReader(BinLogStreamReader):
         if not self._BinLogStreamReader__connected_stream:
             self._BinLogStreamReader__connect_to_stream()
             self._stream_connection.deadline = getattr(self, "_deadline", 0.0)
+            self._stream_connection.wake_fd = getattr(self, "_wake_fd", None)
 
     def fetchone(self) -> Any:
         """The next event of interest.  Raises ``Idle`` at the deadline, ``LinkDead``,

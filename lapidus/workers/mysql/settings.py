@@ -14,6 +14,11 @@ from typing import Any, Mapping, Optional
 from ...settings.names import derived_server_id
 
 
+#: Default of the backend setting heartbeat_seconds: each heartbeat wakes an idle worker, and
+#: a link silent for dead_after (3 heartbeats) is reopened.
+HEARTBEAT_SECONDS = 15.0
+
+
 def default_server_id(name: str) -> int:
     """The replica server id when none is configured: the configuration's own default
     (:func:`lapidus.settings.names.derived_server_id`, hashed from this host and the backend
@@ -31,7 +36,7 @@ class MysqlSettings:
     database: Optional[str] = None
     server_id: int = 0
     connect_timeout: float = 10.0
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
     allow_partial_row_image: bool = False
     flavor: Optional[str] = None          # "mariadb" | "mysql" | None: ask the server
     batch_size: int = 1000
@@ -91,7 +96,7 @@ def settings_from(name: str, options: Optional[Mapping[str, Any]]) -> MysqlSetti
         database=o.get("database") or None,
         server_id=int(o.get("server_id") or default_server_id(name)),
         connect_timeout=float(o.get("connect_timeout") or 10.0),
-        heartbeat_seconds=float(o.get("heartbeat_seconds") or 5.0),
+        heartbeat_seconds=float(o.get("heartbeat_seconds") or HEARTBEAT_SECONDS),
         allow_partial_row_image=bool(o.get("allow_partial_row_image", False)),
         flavor=flavor,
         batch_size=int(o.get("batch_size") or 1000),

@@ -18,6 +18,7 @@ read():  returns as soon as it has events (after draining what already arrived, 
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -418,14 +419,14 @@ class MysqlSource(Source):
         events = changes.take(max_events)
         deadline = time.monotonic() + timeout
         # With events in hand, only what has already arrived is read: no added waiting.
-        reader.set_deadline(0.0 if events else deadline)
+        reader.set_deadline(0.0 if events else deadline, self.wake_fd)
         try:
             while len(events) < max_events:
                 event = reader.fetchone()
                 changes.feed(event, reader.log_file, reader.log_pos)
                 if changes.pending:
                     if not events:
-                        reader.set_deadline(0.0)
+                        reader.set_deadline(0.0, self.wake_fd)
                     events.extend(changes.take(max_events - len(events)))
                 elif not events and time.monotonic() >= deadline:
                     break       # a long run of filtered changes: report progress on time
@@ -437,6 +438,12 @@ class MysqlSource(Source):
             raise self._stream_error(exc) from exc
         self.scope_watch.seen(events)
         return Batch(events, self._checkpoint(), changes.between_transactions)
+
+    def idle_wait(self) -> float:
+        """No limit: the binlog socket and the wake-up pipe are watched together, and a
+        dead link is still noticed (``heartbeat_seconds``, :mod:`.connection`) at the first
+        wait that ends without a byte after ``dead_after``."""
+        return math.inf if self.wake_fd is not None else super().idle_wait()
 
     def _read_during_snapshot(self, snapshot: MysqlSnapshot, max_events: int,
                               timeout: float) -> Batch:
@@ -452,7 +459,7 @@ class MysqlSource(Source):
                                  if reader.log_file and reader.log_pos else None)
         events = self._taken(changes.take(max_events))
         deadline = time.monotonic() + timeout
-        reader.set_deadline(0.0 if events else deadline)
+        reader.set_deadline(0.0 if events else deadline, self.wake_fd)
         try:
             while len(events) < max_events:
                 if self._snapshot_due(events):
@@ -465,7 +472,7 @@ class MysqlSource(Source):
                 changes.feed(event, reader.log_file, reader.log_pos)
                 if changes.pending:
                     if not events:
-                        reader.set_deadline(0.0)
+                        reader.set_deadline(0.0, self.wake_fd)
                     events.extend(self._taken(changes.take(max_events - len(events))))
                 elif not events and time.monotonic() >= deadline:
                     break

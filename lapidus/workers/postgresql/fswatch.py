@@ -1,8 +1,10 @@
 """Wait until a directory's files change, without polling (Linux inotify through ctypes).
 
 Runs in the PostgreSQL worker process: the spool reader sleeps here until pg_recvlogical writes,
-so an idle worker costs no CPU and a new change is read within a millisecond.  Where inotify is
-not available the wait degrades to a short sleep.
+so an idle worker costs no CPU and a new change is read within a millisecond.  The same wait
+also ends when one of a few other file descriptors becomes readable (the worker's wake-up
+pipe, a pidfd of pg_recvlogical).  Where inotify is not available the wait degrades to a short
+sleep.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import ctypes
 import ctypes.util
 import os
 import select
-import time
+from typing import List, Sequence
 
 IN_MODIFY = 0x00000002
 IN_CREATE = 0x00000100
@@ -36,13 +38,22 @@ class DirectoryWatch:
         except (OSError, AttributeError):
             self._fd = -1
 
-    def wait(self, timeout: float) -> None:
+    @property
+    def watching(self) -> bool:
+        """False where inotify is not available (the wait is then a short sleep)."""
+        return self._fd >= 0
+
+    def wait(self, timeout: float, others: Sequence[int] = ()) -> List[int]:
+        """Sleep until a file changed, one of ``others`` is readable or ``timeout`` passed;
+        returns the readable ones of ``others`` (left as they are, for their owners)."""
         if self._fd < 0:
-            time.sleep(min(timeout, 0.005))
-            return
-        ready, _, _ = select.select([self._fd], [], [], timeout)
-        if ready:
+            ready, _, _ = select.select(others, [], [], min(timeout, 0.005))
+            return ready
+        ready, _, _ = select.select([self._fd, *others], [], [], timeout)
+        if self._fd in ready:
             self.drain()
+            ready.remove(self._fd)
+        return ready
 
     def drain(self) -> None:
         """Forget pending notifications (called before re-reading the files)."""

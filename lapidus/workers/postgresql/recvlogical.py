@@ -5,6 +5,18 @@ Runs in the PostgreSQL worker process.  The child streams the slot into the spoo
 appear in its argv (``ps`` shows argv to every user): the password travels in ``PGPASSWORD`` or a
 passfile.  The child gets ``PR_SET_PDEATHSIG`` so it dies with the worker, and ``--no-loop`` so
 that reconnecting is the worker's decision (with backoff, and with a look at why it died).
+The worker learns of a death without polling: :attr:`RecvLogical.pidfd` becomes readable when
+the child exits (Linux 5.3 and later; elsewhere the worker looks once a second).
+
+``--status-interval`` is how often pg_recvlogical tells the server how far it wrote and
+fsynced (the slot advances no further); it also wakes pg_recvlogical that often when nothing
+happens.  Lapidus's default is pg_recvlogical's own, 10 s: the slot trails the spool by up to
+that much more, and after a restart the server sends that much again, which the spool reader
+skips (transactions at or before the checkpoint's LSN); nothing is lost or sent twice.  A stop
+(SIGINT) sends no last report, so a pg_recvlogical that runs shorter than its interval never
+moves the slot: one started again after a pause at the spool cap, which runs only until the
+spool is full again, reports every second (``RESUMED_STATUS_INTERVAL``), or the server would
+send the same WAL again at every resume and the spool would never get past it.
 """
 
 from __future__ import annotations
@@ -20,6 +32,12 @@ from ...procutil import die_with_parent
 from .tls import tls_options
 
 # Session settings for the walsender: values arrive in one predictable text form.
+#: Default of the backend settings status_interval and fsync_interval (seconds).
+STATUS_INTERVAL = 10.0
+FSYNC_INTERVAL = 1.0
+#: status_interval of a pg_recvlogical started again after a pause at the spool cap (seconds).
+RESUMED_STATUS_INTERVAL = 1
+
 SESSION_OPTIONS = ("-c timezone=UTC -c datestyle=ISO,YMD -c intervalstyle=postgres "
                    "-c extra_float_digits=3 -c bytea_output=hex")
 
@@ -74,12 +92,15 @@ def child_environment(options: dict) -> dict:
     return env
 
 
-class RecvLogical:
-    """One pg_recvlogical process at a time, restartable."""
+class SpoolChild:
+    """The child that streams the slot into the spool, one process at a time, restartable:
+    ``pg_recvlogical`` (:class:`RecvLogical`), or ``lapidus-walstream`` in cluster mode
+    (:class:`~lapidus.workers.postgresql.walstream.WalStream`).  Subclasses give its
+    :meth:`argv` and :meth:`start` it with :meth:`_popen`; the rest (its pidfd, its log, a
+    stop with SIGINT) is the same for both."""
 
-    def __init__(self, *, binary: str, options: dict, slot: str, output: Path,
-                 plugin_options: List[str], log_path: Path, application_name: str):
-        self.binary = binary
+    def __init__(self, *, options: dict, slot: str, output: Path, plugin_options: List[str],
+                 log_path: Path, application_name: str):
         self.options = options
         self.slot = slot
         self.output = output
@@ -87,38 +108,45 @@ class RecvLogical:
         self.log_path = log_path
         self.application_name = application_name
         self.proc: Optional[subprocess.Popen] = None
+        self.pidfd: Optional[int] = None     # readable once proc has exited (None: unknown)
+        self.resumed = False    # started again after a pause at the spool cap (see the module)
         self._log_start = 0
 
     def argv(self) -> List[str]:
-        fsync = max(1, int(round(float(self.options.get("fsync_interval", 1.0)))))
-        status = max(1, int(round(float(self.options.get("status_interval", 1.0)))))
-        argv = [self.binary, "--start", "--no-loop",
-                "-d", conninfo(self.options, self.application_name),
-                "--slot", self.slot, "-f", str(self.output),
-                f"--fsync-interval={fsync}", f"--status-interval={status}"]
-        for opt in self.plugin_options:
-            argv += ["-o", opt]
-        return argv
+        raise NotImplementedError
 
     @property
     def pid(self) -> Optional[int]:
         return self.proc.pid if self.proc else None
 
-    def start(self) -> None:
+    def _popen(self, env: dict, stdin) -> None:
         log = open(self.log_path, "ab")
         # recent_errors() reads only what this process writes, not an earlier one's complaints
         self._log_start = log.seek(0, os.SEEK_END)
         parent = os.getpid()
         try:
             self.proc = subprocess.Popen(
-                self.argv(), env=child_environment(self.options), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, close_fds=True,
+                self.argv(), env=env, stdin=stdin, stdout=log, stderr=log, close_fds=True,
                 # Own session: a Ctrl-C on the terminal must not stop it behind the worker's
                 # back; the worker stops it (SIGINT) when it is told to stop.
                 start_new_session=True,
                 preexec_fn=lambda: die_with_parent(signal.SIGKILL, parent))
         finally:
             log.close()
+        self.pidfd = _pidfd(self.proc.pid)
+
+    def forget(self) -> None:
+        """The child died and was reaped (:meth:`exit_code`), or was stopped: let go of it
+        (its pidfd, and its stdin where the worker writes to it)."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        self.proc = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def exit_code(self) -> Optional[int]:
         """None while running; the exit status once it died (and it was reaped)."""
@@ -135,7 +163,7 @@ class RecvLogical:
             self.proc.send_signal(signal.SIGHUP)
 
     def recent_errors(self, limit: int = 2000) -> str:
-        """The last lines pg_recvlogical wrote to its log, for error messages."""
+        """The last lines the child wrote to its log, for error messages."""
         try:
             with open(self.log_path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -145,7 +173,9 @@ class RecvLogical:
             return ""
 
     def stop(self, grace: float = 5.0) -> None:
-        """SIGINT makes pg_recvlogical fsync, send final feedback and exit 0."""
+        """SIGINT, then SIGKILL after ``grace`` seconds.  pg_recvlogical fsyncs and exits 0
+        (without a last report to the server: the slot stays where its last periodic report
+        put it); lapidus-walstream reads the last acks, confirms them and ends the stream."""
         if not self.proc:
             return
         if self.proc.poll() is None:
@@ -155,4 +185,37 @@ class RecvLogical:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc = None
+        self.forget()
+
+
+class RecvLogical(SpoolChild):
+    """``pg_recvlogical``: confirms to the server what it fsynced to the spool."""
+
+    def __init__(self, *, binary: str, **child):
+        super().__init__(**child)
+        self.binary = binary
+
+    def argv(self) -> List[str]:
+        fsync = max(1, int(round(float(self.options.get("fsync_interval") or FSYNC_INTERVAL))))
+        status = max(1, int(round(float(self.options.get("status_interval")
+                                        or STATUS_INTERVAL))))
+        if self.resumed:
+            status = min(status, RESUMED_STATUS_INTERVAL)
+        argv = [self.binary, "--start", "--no-loop",
+                "-d", conninfo(self.options, self.application_name),
+                "--slot", self.slot, "-f", str(self.output),
+                f"--fsync-interval={fsync}", f"--status-interval={status}"]
+        for opt in self.plugin_options:
+            argv += ["-o", opt]
+        return argv
+
+    def start(self) -> None:
+        self._popen(child_environment(self.options), subprocess.DEVNULL)
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A pidfd of ``pid`` (readable once it exits), or None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

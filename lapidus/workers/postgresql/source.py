@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
 import time
 from pathlib import Path
 from typing import Any, Deque, List, Optional, Tuple
@@ -430,7 +431,25 @@ class PostgresSource(Source):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return Batch(events, None)
-            self.watch.wait(remaining)
+            if self._sleep(remaining):
+                return Batch(events, None)      # the worker loop was woken (a signal)
+
+    def _sleep(self, timeout: float) -> bool:
+        """Until the spool changes, pg_recvlogical exits (its pidfd; the next look at it
+        says why) or ``timeout`` passes; True when the worker's wake-up pipe ended it."""
+        others = [fd for fd in (self.wake_fd, self.child.pidfd) if fd is not None]
+        return self.wake_fd is not None and self.wake_fd in self.watch.wait(timeout, others)
+
+    def idle_wait(self) -> float:
+        """No limit once every wake-up has a file descriptor: the spool (inotify), the
+        child's death (its pidfd) and signals (the worker's pipe).  The spool's rotation and
+        cap only change when pg_recvlogical writes, which wakes the read anyway; a child
+        paused at the cap is resumed by a periodic look, so then a second."""
+        child = self.child
+        if self.watch is not None and self.watch.watching and self.wake_fd is not None \
+                and child is not None and child.pidfd is not None and not self.paused_for_cap:
+            return math.inf
+        return super().idle_wait()
 
     def _consume(self, events: List, max_events: int) -> bool:
         """Decode spooled messages into ``events``; True when at least one was consumed."""
@@ -554,11 +573,12 @@ class PostgresSource(Source):
             self._child_died(code)
             return
         self._repair_tail()          # resuming after a pause for the spool cap
+        self.child.resumed = True    # reports every second (recvlogical's module docstring)
         self._spawn()
 
     def _child_died(self, code: int) -> None:
         errors = self.child.recent_errors()
-        self.child.proc = None
+        self.child.forget()
         program = "lapidus-walstream" if self.cluster else "pg_recvlogical"
         explained = explain_child_error(errors, backend=self.backend.name, slot=self.slot,
                                         program=program)

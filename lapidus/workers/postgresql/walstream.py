@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Deque, List, Optional, Tuple
 
+from .recvlogical import SpoolChild
+
 Position = Tuple[int, int]       # (spool segment, offset)
 
 _PG_EPOCH = 946_684_800          # 2000-01-01 UTC in Unix seconds
@@ -402,23 +404,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 # -- the worker's side ----------------------------------------------------------------------
 
-class WalStream:
-    """The child as the PostgreSQL worker sees it: the same calls as
-    :class:`~lapidus.workers.postgresql.recvlogical.RecvLogical`, plus :meth:`ack`."""
+class WalStream(SpoolChild):
+    """The child as the PostgreSQL worker sees it: :class:`SpoolChild`'s calls, as for
+    ``pg_recvlogical``, plus :meth:`ack`."""
 
     program = "lapidus-walstream"
 
-    def __init__(self, *, options: dict, slot: str, output: Path, plugin_options: List[str],
-                 log_path: Path, application_name: str, floor: int = 0):
-        self.options = options
-        self.slot = slot
-        self.output = output
-        self.plugin_options = plugin_options
-        self.log_path = log_path
-        self.application_name = application_name
+    def __init__(self, *, floor: int = 0, **child):
+        super().__init__(**child)
         self.floor = floor
-        self.proc: Optional[subprocess.Popen] = None
-        self._log_start = 0
         self._last_ack: Optional[bytes] = None
 
     def argv(self) -> List[str]:
@@ -432,28 +426,14 @@ class WalStream:
             argv += ["-o", opt]
         return argv
 
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc else None
-
     def start(self) -> None:
-        from ...procutil import die_with_parent
         from .recvlogical import child_environment
-        log = open(self.log_path, "ab")
-        self._log_start = log.seek(0, os.SEEK_END)
-        parent = os.getpid()
         env = child_environment(self.options)
         # the child imports this package: the worker's own import path, whatever the cwd
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(
             [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        try:
-            self.proc = subprocess.Popen(
-                self.argv(), env=env, stdin=subprocess.PIPE, stdout=log, stderr=log,
-                close_fds=True, start_new_session=True,
-                preexec_fn=lambda: die_with_parent(signal.SIGKILL, parent))
-        finally:
-            log.close()
+        self._popen(env, subprocess.PIPE)
         fd = self.proc.stdin.fileno()
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         if self._last_ack is not None:
@@ -475,44 +455,6 @@ class WalStream:
             # supervision of the child); either way nothing to do here
             if exc.errno not in (errno.EAGAIN, errno.EPIPE):
                 raise
-
-    def exit_code(self) -> Optional[int]:
-        if self.proc is None:
-            return None
-        return self.proc.poll()
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def reopen_output(self) -> None:
-        if self.running():
-            self.proc.send_signal(signal.SIGHUP)
-
-    def recent_errors(self, limit: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(self._log_start, size - limit))
-                return f.read().decode("utf-8", "replace").strip()
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGINT: the child reads the last acks, confirms them and ends the stream."""
-        if not self.proc:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        self.proc = None
 
 
 if __name__ == "__main__":
