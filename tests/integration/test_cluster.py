@@ -114,14 +114,15 @@ def wait_stream(urls, name: str, count: int, timeout: float = 120.0) -> None:
                message=f"{count} messages in {name} (has {stream_count(urls, name)})")
 
 
-def check_stream(urls, name: str, backends: List[str]) -> None:
+def check_stream(urls, name: str, backends: List[str]) -> List[dict]:
     """Every row of every backend, each change once in the stream itself (JetStream dropped
-    the repeats by Nats-Msg-Id) and in commit order per key."""
+    the repeats by Nats-Msg-Id) and in commit order per key; the stream's events."""
     events = stream_events(urls, name)
     ids = [event["id"] for event in events]
     assert len(ids) == len(set(ids)), "an event is stored twice"
     for backend in backends:
         check_rows(events, backend, ROWS)
+    return events
 
 
 # -- the nodes ---------------------------------------------------------------------------------
@@ -254,22 +255,31 @@ def test_a_node_cut_off_from_nats_stops_its_worker_before_another_starts_it(
 def test_a_joining_node_takes_its_share_by_hand_over_with_nothing_lost(
         nats_cluster, setup, nodes):  # noqa: F811
     prefix, stream = setup
-    backends = [lapidus_backend("crm"), lapidus_backend("shop")]
-    urls = nats_cluster.urls
+    hand_over_under_load(nodes, nats_cluster.urls, prefix, stream,
+                         [lapidus_backend("crm"), lapidus_backend("shop")], ["crm", "shop"],
+                         lambda: mariadb_load(ROWS))
+
+
+def hand_over_under_load(nodes, urls, prefix: str, stream: str, backends, names: List[str],
+                         start_load) -> None:
+    """Node a streams both ``backends`` (named ``names``) under the load ``start_load()``
+    starts; node b joins and takes one of them by hand-over (a releases it as "handed over");
+    every row of both is in the stream once, and no two nodes streamed a backend at once."""
+    first, second = names
     a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    wait_until(lambda: owner_of([a], "crm") is a and owner_of([a], "shop") is a, 30,
+    wait_until(lambda: owner_of([a], first) is a and owner_of([a], second) is a, 30,
                message="node a streaming both backends")
-    load = mariadb_load(ROWS)
+    load = start_load()
     wait_stream(urls, stream, 1500)
     b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    wait_until(lambda: owner_of([a, b], "crm") and owner_of([a, b], "shop")
-               and owner_of([a, b], "crm") is not owner_of([a, b], "shop"), 60,
+    wait_until(lambda: owner_of([a, b], first) and owner_of([a, b], second)
+               and owner_of([a, b], first) is not owner_of([a, b], second), 60,
                message=f"one backend on each node; log of a:\n{a.log_tail()}")
     handed = [r for r in a.records() if r.get("event") == "lease released"]
     assert [r["reason"] for r in handed] == ["handed over"]
     finish(load)
     wait_stream(urls, stream, 2 * expected_count(ROWS))
-    check_stream(urls, stream, ["crm", "shop"])
+    check_stream(urls, stream, names)
     assert not overlaps([a, b]), overlaps([a, b])
 
 

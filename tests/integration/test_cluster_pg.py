@@ -37,13 +37,12 @@ from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, pg_connect
 from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
 from tests.integration.outage_proxy import OutageProxy
-from tests.integration.sink_loads import check_rows, expected_count, finish, pg_load
-from tests.integration.test_cluster import (LEASE_TTL, _js, jetstream, nodes,  # noqa: F401
-                                            owner_of, stream_events, wait_stream)
+from tests.integration.sink_loads import expected_count, finish, pg_load
+from tests.integration.test_cluster import (LEASE_TTL, ROWS, _js,  # noqa: F401
+                                            check_stream, hand_over_under_load, jetstream,
+                                            nodes, owner_of, wait_stream)
 
 pytestmark = pytest.mark.integration
-
-ROWS = 6000
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -52,15 +51,6 @@ ROWS = 6000
 def pg_table(pg_db):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     return pg_db
-
-
-def check_stream(urls, stream: str, backends: List[str]) -> List[dict]:
-    events = stream_events(urls, stream)
-    ids = [event["id"] for event in events]
-    assert len(ids) == len(set(ids)), "an event is stored twice"
-    for backend in backends:
-        check_rows(events, backend, ROWS)
-    return events
 
 
 class Publications:
@@ -286,24 +276,10 @@ def test_a_pg_node_cut_off_from_nats_lets_go_of_the_slot_before_another_node_sta
 def test_a_joining_node_takes_a_pg_backend_by_hand_over_with_nothing_lost(
         nats_cluster, jetstream, pg_table, nodes, decoder):  # noqa: F811
     prefix, stream = jetstream
-    urls = nats_cluster.urls
-    backends = [pg_backend(pg_table, name="pg1", decoder=decoder),
-                pg_backend(pg_table, name="pg2", decoder=decoder)]
-    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    wait_until(lambda: owner_of([a], "pg1") is a and owner_of([a], "pg2") is a, 30,
-               message="node a streaming both backends")
-    load = pg_load(pg_table.name, ROWS)
-    wait_stream(urls, stream, 1500)
-    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    wait_until(lambda: owner_of([a, b], "pg1") and owner_of([a, b], "pg2")
-               and owner_of([a, b], "pg1") is not owner_of([a, b], "pg2"), 60,
-               message=f"one backend on each node; log of a:\n{a.log_tail()}")
-    handed = [r for r in a.records() if r.get("event") == "lease released"]
-    assert [r["reason"] for r in handed] == ["handed over"]
-    finish(load)
-    wait_stream(urls, stream, 2 * expected_count(ROWS))
-    check_stream(urls, stream, ["pg1", "pg2"])
-    assert not overlaps([a, b]), overlaps([a, b])
+    hand_over_under_load(nodes, nats_cluster.urls, prefix, stream,
+                         [pg_backend(pg_table, name="pg1", decoder=decoder),
+                          pg_backend(pg_table, name="pg2", decoder=decoder)], ["pg1", "pg2"],
+                         lambda: pg_load(pg_table.name, ROWS))
 
 
 def test_a_frozen_pg_node_s_walsender_is_terminated_by_the_new_owner(

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import pg_backend
 from tests.integration.nats_fixtures import URL, unique_prefix, watch
 from tests.integration.snapshot_helpers import snapshot_state, until
+from tests.integration.test_pgoutput_publications import start
 
 __all__ = ["watch"]     # fixture, imported for pytest
 
@@ -27,27 +27,6 @@ def pg_part(pg_db, tmp_path):
     pg_db.sql(*PARTITIONED)
     pg_db.workdir = tmp_path
     return pg_db
-
-
-def start(lapidus_factory, db, wait="streaming", plugins=None, **options):
-    """Lapidus on ``db`` in a fresh working directory (its own stdout and log), on the shared
-    state directory; waits until it streams, or with ``wait="fatal"`` until it gave up."""
-    start.runs += 1
-    workdir = db.workdir / f"run{start.runs}"
-    workdir.mkdir(parents=True)
-    proc = lapidus_factory({"backends": [pg_backend(db, **options)],
-                            "plugins": plugins or {"stdout": {}},
-                            "supervisor": {"backoff_initial": 0.1}}, workdir=workdir)
-    if wait == "streaming":
-        proc.wait_log('"streaming"')
-    else:
-        proc.wait_log("backend is FATAL")
-        assert proc.proc.wait(15) == 1     # every backend FATAL: the supervisor exits 1
-        assert "Traceback" not in proc.log()
-    return proc
-
-
-start.runs = 0
 
 
 def write_rows(db):

@@ -12,20 +12,22 @@ from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend
 
 
-def start(lapidus_factory, pg_db, wait="streaming", **options):
+def start(lapidus_factory, pg_db, wait="streaming", plugins=None, **options):
     """Start Lapidus in a fresh working directory (own stdout and log), on the shared state
-    directory, and wait until it streams (or, with ``wait="fatal"``, until it gave up)."""
+    directory, and wait until it streams (or, with ``wait="fatal"``, until it gave up, with
+    no traceback in its log)."""
     start.runs += 1
     workdir = pg_db.workdir / f"run{start.runs}"
     workdir.mkdir(parents=True)
     proc = lapidus_factory({"backends": [pg_backend(pg_db, **options)],
-                            "plugins": {"stdout": {}},
+                            "plugins": plugins or {"stdout": {}},
                             "supervisor": {"backoff_initial": 0.1}}, workdir=workdir)
     if wait == "streaming":
         proc.wait_log('"streaming"')
     else:
         proc.wait_log("backend is FATAL")
         assert proc.proc.wait(15) == 1     # every backend FATAL: the supervisor exits 1
+        assert "Traceback" not in proc.log()
     return proc
 
 

@@ -120,11 +120,16 @@ def test_a_client_that_disconnects_during_1000_rows_resumes_with_after_each_once
     port = free_port()
     proc = start(lapidus_factory, pg_db, port)
     first = client_loop.connect(url(port), AUTH)
+    disconnected = threading.Event()
 
     def write():
         conn = pg_connect(pg_db.name)
         with conn.cursor() as cur:
             for n in range(0, 1000, 10):       # 100 transactions of 10 rows
+                if n == 500:
+                    # the second half is written while the client is away (the first half
+                    # can reach it in less time than a disconnect takes)
+                    disconnected.wait(60)
                 cur.execute("INSERT INTO t SELECT g, 0 FROM generate_series(%s, %s) g",
                             (n + 1, n + 10))
         conn.close()
@@ -132,6 +137,7 @@ def test_a_client_that_disconnects_during_1000_rows_resumes_with_after_each_once
     writer.start()
     first.wait_frames(50)
     first.disconnect()                    # while the rows are being written
+    disconnected.set()
     last = first.ids()[-1]
     assert len(first.ids()) < 1000
     second = client_loop.connect(url(port, after=last), AUTH)
