@@ -98,19 +98,36 @@ def snapshot_state(proc, backend="pg"):
     return (row.get("snapshot") or {}) if row else {}
 
 
+# The backend settings of a test that uses kill_worker_mid_snapshot: one batch in flight, and
+# small (a chunk is sent whole), so that it fits in the worker's socket to the frozen
+# dispatcher and the worker, held by backpressure instead of a blocked send, goes on
+# reporting its progress.
+MID_SNAPSHOT_WINDOW = {"max_inflight_batches": 1, "batch_size": 200, "snapshot_chunk_rows": 200}
+
+
 def kill_worker_mid_snapshot(proc, backend: str, table: str, run_sql: Callable[..., None]) -> dict:
     """kill -9 the worker of ``backend`` 60k rows into its snapshot of ``table`` (one table),
     after changing rows the chunks already read (``run_sql(*statements)``); wait until the new
     worker says it resumed from a chunk and the snapshot is done.  Returns the snapshot's
     status row as it was before the kill."""
-    running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
-        snapshot_state(proc, backend)), 60, "a part of the snapshot", backend)
-    assert running["state"] == "running" and running["table"] == table
-    assert running["tables"] == 1 and running["rows_per_second"] > 0
-    run_sql("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
-            "DELETE FROM t WHERE id % 1000 = 1")
-    old = proc.worker_pid(backend)
-    os.kill(old, signal.SIGKILL)
+    # On a quiet host a 200k-row snapshot takes about a second, less than a status report's
+    # period: so the dispatcher is frozen once 60k reads are written (counted as they come),
+    # which holds the worker one batch further on (MID_SNAPSHOT_WINDOW), mid-snapshot, until
+    # the kill.
+    wait_reads_written(proc, 60_000, 60)
+    dispatcher = proc.worker_pid("dispatch")
+    os.kill(dispatcher, signal.SIGSTOP)
+    try:
+        running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
+            snapshot_state(proc, backend)), 60, "a part of the snapshot", backend)
+        assert running["state"] == "running" and running["table"] == table
+        assert running["tables"] == 1 and running["rows_per_second"] > 0
+        run_sql("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
+                "DELETE FROM t WHERE id % 1000 = 1")
+        old = proc.worker_pid(backend)
+        os.kill(old, signal.SIGKILL)
+    finally:
+        os.kill(dispatcher, signal.SIGCONT)
     wait_until(lambda: proc.worker_pid(backend) != old, 30, message="a new worker")
     until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the snapshot to resume", backend)
     resumed = [json.loads(line) for line in proc.log().splitlines()
@@ -120,6 +137,25 @@ def kill_worker_mid_snapshot(proc, backend: str, table: str, run_sql: Callable[.
     until(proc, lambda: snapshot_state(proc, backend).get("state") == "done", 60,
           "the snapshot to finish", backend)
     return running
+
+
+def wait_reads_written(proc, count: int, timeout: float) -> None:
+    """Until the stdout sink's file of ``proc`` holds ``count`` read events, counted as they
+    are written (each look reads only what is new, so it can look every few milliseconds)."""
+    seen = {"reads": 0, "offset": 0}
+
+    def enough() -> bool:
+        try:
+            with open(proc.stdout_path, "rb") as f:
+                f.seek(seen["offset"])
+                data = f.read()
+        except FileNotFoundError:
+            return False
+        complete = data[:data.rfind(b"\n") + 1]      # a line being written is read next time
+        seen["offset"] += len(complete)
+        seen["reads"] += complete.count(b'"type":"read"')
+        return seen["reads"] >= count
+    wait_until(enough, timeout, interval=0.005, message=f"{count} read events written")
 
 
 def resumed_reads(events, rows: int = 200_000) -> int:

@@ -13,7 +13,8 @@ import json
 import pytest
 
 from tests.integration.conftest import ctl
-from tests.integration.snapshot_helpers import (ConcurrentWriter, fold, kill_worker_mid_snapshot,
+from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, ConcurrentWriter, fold,
+                                                kill_worker_mid_snapshot,
                                                 resumed_reads, snapshot_state, until)
 
 pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
@@ -116,8 +117,8 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(sql, lapidus_factory):
     make_table(sql, 200_000)
     writer = Writer(200_000, seed=11)
     proc = lapidus_factory({
-        "backends": [lapidus_backend(NAME, snapshot="initial", snapshot_chunk_rows=2000,
-                                     max_inflight_batches=2)],
+        "backends": [lapidus_backend(NAME, snapshot="initial",
+                                     **MID_SNAPSHOT_WINDOW)],
         "plugins": {"stdout": {}}})
     writer.start()
     try:

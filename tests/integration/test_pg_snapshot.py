@@ -12,7 +12,8 @@ import os
 import signal
 
 from tests.integration.conftest import backend_status, pg_backend, pg_connect
-from tests.integration.snapshot_helpers import (ConcurrentWriter, fold, kill_worker_mid_snapshot,
+from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, ConcurrentWriter, fold,
+                                                kill_worker_mid_snapshot,
                                                 resumed_reads, snapshot_state, until)
 from tests.integration.nats_fixtures import create_stream, private_nats, stream_count
 
@@ -101,7 +102,7 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
     writer = Writer(pg_db, 200_000, seed=11)
     proc = lapidus_factory({
         "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
-                                snapshot_chunk_rows=2000, max_inflight_batches=2)],
+                                **MID_SNAPSHOT_WINDOW)],
         "plugins": {"stdout": {}}})
     writer.start()
     try:
