@@ -193,18 +193,12 @@ def test_a_connection_lost_soon_after_it_was_made_is_not_reopened_at_once(tmp_pa
         def close(self):
             pass
 
-    source = None
-
-    def factory(b, d, log, ref):
-        nonlocal source
-        source = DroppingSource(b, d, log, ref)
-        return source
-
+    factory = made_by(DroppingSource)
     loop, _ = make_loop(tmp_path, monkeypatch, factory)
     slept: List[float] = []
     loop.waiter.sleep = slept.append
     assert loop.run() == 0
-    assert source.opened == 4 and len(slept) >= 3, slept     # a wait before each reopen
+    assert factory.made.opened == 4 and len(slept) >= 3, slept     # a wait before each reopen
 
 
 def test_a_fatal_error_is_not_waited_for():
@@ -303,6 +297,16 @@ class FlakySource(Source):
         pass
 
 
+def made_by(source_class, *args):
+    """A ``source_factory`` for :func:`make_loop` that keeps the source the loop made, as
+    ``factory.made``, for the test to look at afterwards."""
+    def factory(b, d, log, ref):
+        factory.made = source_class(b, d, log, ref, *args)
+        return factory.made
+    factory.made = None
+    return factory
+
+
 def make_loop(tmp_path: Path, monkeypatch, source_factory):
     FakeLink.instances.clear()
     monkeypatch.setattr(runner, "DispatcherLink", FakeLink)
@@ -321,13 +325,7 @@ def make_loop(tmp_path: Path, monkeypatch, source_factory):
 
 def test_a_lost_connection_reopens_from_the_confirmed_checkpoint_on_the_same_link(
         tmp_path, monkeypatch):
-    source = None
-
-    def factory(b, d, log, ref):
-        nonlocal source
-        source = FlakySource(b, d, log, ref)
-        return source
-
+    factory = made_by(FlakySource)
     loop, reports = make_loop(tmp_path, monkeypatch, factory)
     original = FakeLink.acks
 
@@ -340,7 +338,7 @@ def test_a_lost_connection_reopens_from_the_confirmed_checkpoint_on_the_same_lin
     monkeypatch.setattr(FakeLink, "acks", original)
     assert len(FakeLink.instances) == 1                 # one link across the reconnect
     # first open from nothing, then (after one refused attempt) from the confirmed 1
-    assert source.opened_at == [None, 1]
+    assert factory.made.opened_at == [None, 1]
     kinds = [kind for kind, _ in reports]
     assert kinds.index("waiting") < len(kinds) - 1
     assert kinds.count("ready") == 2
@@ -471,17 +469,11 @@ def test_an_idle_worker_waits_a_status_interval_and_repeats_unchanged_stats_rare
         if source.reads == 60:
             loop.request_stop()
 
-    source = None
-
-    def factory(b, d, log, ref):
-        nonlocal source
-        source = IdleSource(b, d, log, ref, clock, script)
-        return source
-
+    factory = made_by(IdleSource, clock, script)
     loop, reports = make_loop(tmp_path, monkeypatch, factory)
     loop.quiet_report_every = 10.0
     assert loop.run() == 0
-    assert set(source.waits) == {runner.READ_WAIT_IDLE}     # nothing in flight: no busy wake
+    assert set(factory.made.waits) == {runner.READ_WAIT_IDLE}     # nothing in flight: no busy wake
     stats = [f for kind, f in reports if kind == "stats"]
     # 60 idle seconds: the first report, one per 10 quiet seconds, and the change at once
     assert 7 <= len(stats) <= 8, len(stats)
@@ -522,13 +514,7 @@ def test_an_idle_worker_that_can_sleep_wakes_only_for_its_keep_alive(tmp_path, m
         if clock[0] >= 1060.0:
             loop.request_stop()
 
-    source = None
-
-    def factory(b, d, log, ref):
-        nonlocal source
-        source = SleepySource(b, d, log, ref, clock, script)
-        return source
-
+    factory = made_by(SleepySource, clock, script)
     loop, reports = make_loop(tmp_path, monkeypatch, factory)
     monkeypatch.setattr(loop.backfills, "poll", lambda source, saved: polls.append(clock[0]))
     saves = []
@@ -538,8 +524,8 @@ def test_an_idle_worker_that_can_sleep_wakes_only_for_its_keep_alive(tmp_path, m
     assert loop.run() == 0
     stats = [f for kind, f in reports if kind == "stats"]
     # 60 idle seconds: a handful of reads, not sixty; one look per keep-alive
-    assert source.reads <= 10, source.waits
-    assert max(source.waits) == pytest.approx(10.0)
+    assert factory.made.reads <= 10, factory.made.waits
+    assert max(factory.made.waits) == pytest.approx(10.0)
     assert 6 <= len(stats) <= 7 and len(polls) == len(stats), (len(stats), polls)
     assert saves == [{"file": "binlog.000001", "pos": 4}]     # once, not at every read
 
@@ -560,20 +546,14 @@ def test_a_signal_makes_an_idle_worker_look_at_its_backfill_requests_at_once(tmp
         if source.reads == 6:
             loop.request_stop()
 
-    source = None
-
-    def factory(b, d, log, ref):
-        nonlocal source
-        source = SleepySource(b, d, log, ref, clock, script)
-        return source
-
+    factory = made_by(SleepySource, clock, script)
     loop, _ = make_loop(tmp_path, monkeypatch, factory)
     loop.wake = wake
     monkeypatch.setattr(loop.backfills, "poll", lambda source, saved: polls.append(clock[0]))
     loop.quiet_report_every = 10.0
     assert loop.run() == 0
-    assert source.wake_fd == wake.fd
-    assert source.woken_at in polls
+    assert factory.made.wake_fd == wake.fd
+    assert factory.made.woken_at in polls
     assert not wake.drain()
 
 
