@@ -471,7 +471,6 @@ class FaultInjector(threading.Thread):
         """``kill -9`` of a node's process group; started again after a moment (while its
         leases still stand under its name) or once the other nodes took its backends over,
         half each.  Back when the cluster is balanced again, the node included."""
-        run = self.run_
         node, held = self._victim("kill_node")
         at_once = self.rng.random() < 0.5
         killed = time.monotonic()

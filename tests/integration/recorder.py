@@ -13,7 +13,6 @@ import asyncio
 import threading
 from typing import Any, Awaitable, Callable, List, Optional
 
-import pytest
 
 
 class BackgroundRecorder:

@@ -105,25 +105,38 @@ def snapshot_state(proc, backend="pg"):
 MID_SNAPSHOT_WINDOW = {"max_inflight_batches": 1, "batch_size": 200, "snapshot_chunk_rows": 200}
 
 
-def kill_worker_mid_snapshot(proc, backend: str, table: str, run_sql: Callable[..., None]) -> dict:
-    """kill -9 the worker of ``backend`` 60k rows into its snapshot of ``table`` (one table),
-    after changing rows the chunks already read (``run_sql(*statements)``); wait until the new
-    worker says it resumed from a chunk and the snapshot is done.  Returns the snapshot's
-    status row as it was before the kill."""
+def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_000,
+                             run_sql: Callable[..., None] | None = None,
+                             delivered: Callable[[], int] | None = None) -> tuple[dict, dict]:
+    """kill -9 the worker of ``backend`` ``at_rows`` rows into its snapshot or backfill of
+    ``table`` (one table), after changing rows the chunks already read (``run_sql(*statements)``,
+    when given); wait until the new worker says it resumed from a chunk and the run is done.
+    Returns the run's status row as it was before the kill, and the "snapshot resumed" record.
+
+    ``delivered()`` counts the rows the sinks have, reads or not (a synced copy's rows); by
+    default, the read events in the stdout sink's file, and then the status must show at least
+    ``at_rows`` read before the kill.  The backend runs with MID_SNAPSHOT_WINDOW's
+    ``max_inflight_batches`` and ``batch_size``."""
     # On a quiet host a 200k-row snapshot takes about a second, less than a status report's
-    # period: so the dispatcher is frozen once 60k reads are written (counted as they come),
-    # which holds the worker one batch further on (MID_SNAPSHOT_WINDOW), mid-snapshot, until
-    # the kill.
-    wait_reads_written(proc, 60_000, 60)
+    # period: so the dispatcher is frozen once ``at_rows`` rows are delivered, which holds the
+    # worker one batch further on (MID_SNAPSHOT_WINDOW), mid-snapshot, until the kill.
+    if delivered is None:
+        wait_reads_written(proc, at_rows, 60)
+        reported = at_rows
+    else:
+        wait_until(lambda: delivered() >= at_rows, 60, interval=0.005,
+                   message=f"{at_rows} rows delivered")
+        reported = 1
     dispatcher = proc.worker_pid("dispatch")
     os.kill(dispatcher, signal.SIGSTOP)
     try:
-        running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 60_000 else None)(
+        running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= reported else None)(
             snapshot_state(proc, backend)), 60, "a part of the snapshot", backend)
         assert running["state"] == "running" and running["table"] == table
         assert running["tables"] == 1 and running["rows_per_second"] > 0
-        run_sql("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
-                "DELETE FROM t WHERE id % 1000 = 1")
+        if run_sql is not None:
+            run_sql("UPDATE t SET v = 'changed' WHERE id % 1000 = 0",
+                    "DELETE FROM t WHERE id % 1000 = 1")
         old = proc.worker_pid(backend)
         os.kill(old, signal.SIGKILL)
     finally:
@@ -132,11 +145,10 @@ def kill_worker_mid_snapshot(proc, backend: str, table: str, run_sql: Callable[.
     until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the snapshot to resume", backend)
     resumed = [json.loads(line) for line in proc.log().splitlines()
                if '"snapshot resumed"' in line][0]
-    assert resumed["last_key"] and int(resumed["last_key"][0]) > 0
-    assert int(resumed["rows"]) > 0
-    until(proc, lambda: snapshot_state(proc, backend).get("state") == "done", 60,
+    assert resumed["last_key"] and int(resumed["rows"]) > 0
+    until(proc, lambda: snapshot_state(proc, backend).get("state") == "done", 90,
           "the snapshot to finish", backend)
-    return running
+    return running, resumed
 
 
 def wait_reads_written(proc, count: int, timeout: float) -> None:

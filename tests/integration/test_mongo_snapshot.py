@@ -13,9 +13,7 @@ import collections
 import datetime
 import json
 import math
-import os
 import random
-import signal
 import threading
 import uuid
 
@@ -163,25 +161,17 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(mongo_process, lapidus_factory
     fill(mongo, total)
     writer = Writer(mongo, total, seed=11)
     proc = lapidus_factory({
-        "backends": [backend(mongo, snapshot_chunk_rows=chunk, max_inflight_batches=2)],
+        "backends": [backend(mongo, snapshot_chunk_rows=chunk, max_inflight_batches=1,
+                             batch_size=200)],
         "plugins": {"stdout": {}}, "supervisor": {"backoff_initial": 0.1}})
     writer.start()
     try:
-        running = until(proc, lambda: (lambda s: s if s.get("rows", 0) >= 2 * chunk else None)(
-            snapshot_state(proc)), 60, "a part of the snapshot")
-        assert running["state"] == "running" and running["table"] == f"{mongo.database}.docs"
+        running, resumed = snapshot_helpers.kill_worker_mid_snapshot(
+            proc, BACKEND, f"{mongo.database}.docs", at_rows=2 * chunk)
         # estimated when the run began, the writer already at work
-        assert abs(running["table_rows_estimated"] - total) < 2000 and running["tables"] == 1
-        old = proc.worker_pid(BACKEND)
-        os.kill(old, signal.SIGKILL)
-        wait_until(lambda: proc.worker_pid(BACKEND) != old, 30, message="a new worker")
-        until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the snapshot to resume")
-        until(proc, lambda: snapshot_state(proc).get("state") == "done", 90,
-              "the snapshot to finish")
+        assert abs(running["table_rows_estimated"] - total) < 2000
     finally:
         writer.stop()
-    resumed = [json.loads(line) for line in proc.log().splitlines()
-               if '"snapshot resumed"' in line][0]
     # the last _id of the last confirmed chunk, in Extended JSON
     last = int(resumed["last_key"][0]["$numberInt"])
     assert last >= chunk and int(resumed["rows"]) >= chunk - 1000

@@ -7,13 +7,13 @@ events in order ends with the table's content.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.snapshot_helpers import fold, snapshot_state, until
+from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, fold,
+                                                kill_worker_mid_snapshot, snapshot_state, until)
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content, wait_sentinel
 
 
@@ -99,24 +99,15 @@ def test_unknown_backends_tables_and_bad_conditions_are_refused_with_exit_2(
 
 def test_kill_9_mid_backfill_resumes_from_a_chunk(pg_db, lapidus_factory):
     make_table(pg_db, 200_000)
-    proc = streaming(lapidus_factory, pg_db, snapshot_chunk_rows=2000, max_inflight_batches=2)
+    proc = streaming(lapidus_factory, pg_db, **MID_SNAPSHOT_WINDOW)
     writer = Writer(pg_db, 200_000, seed=5)
     writer.start()
     try:
         code, _, err = ctl(proc.config_path, "backfill", "pg", "t")
         assert code == 0, err
-        until(proc, lambda: snapshot_state(proc).get("rows", 0) >= 50_000, 60,
-              "a part of the backfill")
-        old = proc.worker_pid("pg")
-        os.kill(old, signal.SIGKILL)
-        wait_until(lambda: proc.worker_pid("pg") != old, 30, message="a new worker")
-        until(proc, lambda: "snapshot resumed" in proc.log(), 30, "the backfill to resume")
-        until(proc, lambda: snapshot_state(proc).get("state") == "done", 90,
-              "the backfill to finish")
+        _, resumed = kill_worker_mid_snapshot(proc, "pg", "public.t", at_rows=50_000)
     finally:
         writer.stop()
-    resumed = [json.loads(line) for line in proc.log().splitlines()
-               if '"snapshot resumed"' in line][0]
     assert resumed["n"] == 1 and int(resumed["last_key"][0]) > 0
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)

@@ -106,7 +106,8 @@ def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):
         "plugins": {"stdout": {}}})
     writer.start()
     try:
-        running = kill_worker_mid_snapshot(proc, "pg", "public.t", pg_db.sql)
+        running, resumed = kill_worker_mid_snapshot(proc, "pg", "public.t", run_sql=pg_db.sql)
+        assert int(resumed["last_key"][0]) > 0
         assert running["table_rows_estimated"] == 200_000
     finally:
         writer.stop()

@@ -44,9 +44,9 @@ def transactions(tx, rows, other=0):
     """The statements of source transaction ``tx``: ``rows`` inserts into ``t`` (ids tx*1000
     up), in two statements, then ``other`` rows into the excluded table."""
     first, half = tx * 1000, rows // 2
-    out = [f"INSERT INTO t VALUES " + ", ".join(f"({i}, 'r', {tx})" for i in
+    out = ["INSERT INTO t VALUES " + ", ".join(f"({i}, 'r', {tx})" for i in
                                                  range(first, first + half)),
-           f"INSERT INTO t VALUES " + ", ".join(f"({i}, 'r', {tx})" for i in
+           "INSERT INTO t VALUES " + ", ".join(f"({i}, 'r', {tx})" for i in
                                                  range(first + half, first + rows))]
     if other:
         out.append("INSERT INTO other VALUES " + ", ".join(f"({tx * 1000 + i})"

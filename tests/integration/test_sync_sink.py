@@ -18,16 +18,15 @@ Waits and sentinels: tests/integration/sync_fixtures.py.
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
-from tests.integration.conftest import backend_status, ctl, pg_backend
+from tests.integration.conftest import ctl, pg_backend
+from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, kill_worker_mid_snapshot
 from tests.integration.sync_fixtures import (FILL, TRIGGER, TYPED, Writer,
-                                             assert_once_through_the_kills, child, has_row,
+                                             assert_once_through_the_kills, has_row,
                                              held, kill_during_load, running, snapshot_done,
                                              sync_plugin, transactions_on, until)
 
@@ -89,15 +88,12 @@ def test_kill_9_of_the_worker_mid_snapshot_still_gives_an_exact_replica(
     try:
         proc = lapidus_factory({
             "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
-                                    snapshot_chunk_rows=500, max_inflight_batches=2)],
+                                    **MID_SNAPSHOT_WINDOW)],
             "plugins": sync_plugin(target_db)})
-        until(proc, lambda: (backend_status(proc.config_path).get("snapshot") or {})
-              .get("rows", 0) >= 3000, 60, "a part of the snapshot")
-        os.kill(child(proc, "lapidus:pg"), signal.SIGKILL)
-        snapshot_done(proc, what="the snapshot to finish after the kill")
+        kill_worker_mid_snapshot(proc, "pg", "public.t", at_rows=3000,
+                                 delivered=lambda: target_db.sql("SELECT count(*) FROM t")[0][0])
     finally:
         writer.stop()
-    assert "snapshot resumed" in proc.log()      # killed in the middle, not after it
     finish(proc, pg_db, target_db, "INSERT INTO t (id, version) VALUES (-1, 0)")
     assert rows(target_db) == rows(pg_db)
 

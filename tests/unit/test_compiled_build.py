@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import struct
 import sys
 from pathlib import Path
 

@@ -499,7 +499,7 @@ class SleepySource(IdleSource):
         return math.inf
 
     def read(self, max_events, timeout):
-        batch = super().read(max_events, timeout)
+        super().read(max_events, timeout)
         return Batch([], {"file": "binlog.000001", "pos": 4})
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, NamedTuple, Sequence, Tuple
 
 import paho.mqtt.client as paho
 

@@ -106,7 +106,7 @@ def backfill_table(conn, backend: str, publication: str, table_filter, name: str
             cur.execute(_PUBLISHED, (publication,))
             published = [tuple(t) for t in cur.fetchall()]
         known = [t for t in published if t[1] == table and (not schema or t[0] == schema)]
-        reason = (f"it is left out by include_tables / exclude_tables" if known else
+        reason = ("it is left out by include_tables / exclude_tables" if known else
                   f'publication "{publication}" has no such table')
         hint = ", ".join(".".join(t) for t in streamed[:10]) or "none"
         raise SnapshotRefused(
