@@ -12,8 +12,9 @@ publishing to NATS core through the nats plugin. Per N it reports, in one run:
   row written into every backend after that has reached the NATS subscriber (every backend
   streams);
 * **memory** after the idle phase: RSS, USS and PSS of every process (supervisor, dispatcher,
-  each worker, each ``pg_recvlogical``), the median and max per kind and the total PSS (what
-  the box really spends; RSS counts pages shared with the supervisor once per process);
+  the workers' fork server and resource tracker, each worker, each ``pg_recvlogical``), the
+  median and max per kind and the total PSS (what the box really spends; RSS counts pages
+  shared with the fork server once per process);
 * **idle CPU**: CPU seconds (user + system) of all those processes over ``--idle-seconds``
   with nothing written, as a percentage of one core (workers also per source kind), and what
   others wrote meanwhile to the servers' WAL and binlog: on a shared host those writes reach
@@ -214,10 +215,11 @@ def wait_all_running(workdir: Path, n: int, lapidus: subprocess.Popen,
 
 
 def processes(lapidus: subprocess.Popen) -> Dict[str, List[psutil.Process]]:
-    """Lapidus's processes by kind: supervisor, dispatcher, worker, pg_recvlogical."""
+    """Lapidus's processes by kind: supervisor, dispatcher, worker, pg_recvlogical, and the
+    workers' fork server with multiprocessing's resource tracker ("forker", together)."""
     sup = psutil.Process(lapidus.pid)
     kinds: Dict[str, List[psutil.Process]] = {"supervisor": [sup], "dispatcher": [],
-                                              "worker": [], "pg_recvlogical": []}
+                                              "forker": [], "worker": [], "pg_recvlogical": []}
     for child in sup.children(recursive=True):
         try:
             name = child.name()
@@ -225,6 +227,8 @@ def processes(lapidus: subprocess.Popen) -> Dict[str, List[psutil.Process]]:
             continue
         if name.startswith("lapidus:dispatc"):
             kinds["dispatcher"].append(child)
+        elif name == "lapidus:forker" or name.startswith("python"):
+            kinds["forker"].append(child)
         elif name.startswith("lapidus:"):
             kinds["worker"].append(child)
         elif name == "pg_recvlogical":

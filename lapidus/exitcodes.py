@@ -19,3 +19,5 @@ CHILD_FATAL = 3         # retrying cannot help (configuration, credentials, serv
 OUTPUT_CLOSED = 4       # dispatcher: a sink's consumer went away for good (stdout | head)
 LINK_LOST = 5           # worker: its dispatcher went away; not a crash of the worker
 LEASE_LOST = 6          # worker: its lease is lost or ran out (cluster mode); not a crash
+FORK_SERVER_LOST = 255  # worker: its parent, the workers' fork server, died (multiprocessing's
+                        # report for a child whose server is gone); not a crash of the worker

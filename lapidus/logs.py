@@ -12,7 +12,10 @@ import logging
 import sys
 from typing import Optional
 
-import structlog
+from . import deferred
+
+deferred.defer("asyncio")     # structlog imports it at its top; only the dispatcher needs it
+import structlog  # noqa: E402
 
 SECRET_KEYS = frozenset({"password", "passwd", "token", "secret", "nkey", "creds", "uri"})
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,

@@ -6,9 +6,11 @@ theirs.  Runs in the supervisor (validation) and in the dispatcher (instantiatio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Dict, Type
+from typing import Dict, Iterator, Type
 
+from ..config.plugins import PluginValidator
 from .base import Sink
 
 GROUP = "lapidus.plugins"
@@ -43,12 +45,34 @@ def load(name: str) -> Type[Sink]:
     return getattr(module, attr)
 
 
-def validators() -> Dict[str, object]:
-    """Plugin name -> callable(options) returning (key, message) problems, for the config check."""
-    out = {}
-    for name in available():
-        try:
-            out[name] = load(name).validate
-        except Exception as exc:  # a broken third-party plugin is itself a config problem
-            out[name] = (lambda exc: lambda options: [("", f"cannot load plugin: {exc}")])(exc)
-    return out
+def validators() -> Mapping[str, PluginValidator]:
+    """Plugin name -> callable(options) returning (key, message) problems, for the config check.
+
+    A plugin's module is imported only when the configuration names it: the supervisor forks
+    every worker from its own image, so a module it imports is mapped into every worker."""
+    return _Validators(available())
+
+
+class _Validators(Mapping):
+    """Every registered plugin's name; its validator loaded on first lookup."""
+
+    def __init__(self, names: Dict[str, str]):
+        self.names = names
+        self.loaded: Dict[str, PluginValidator] = {}
+
+    def __getitem__(self, name: str) -> PluginValidator:
+        if name not in self.names:
+            raise KeyError(name)
+        if name not in self.loaded:
+            try:
+                self.loaded[name] = load(name).validate
+            except Exception as exc:  # a broken third-party plugin is itself a config problem
+                self.loaded[name] = (lambda exc: lambda options: [
+                    ("", f"cannot load plugin: {exc}")])(exc)
+        return self.loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)

@@ -41,7 +41,6 @@ from typing import Callable, Dict, List, Optional
 from .. import exitcodes, logs
 from ..backoff import RestartPolicy
 from ..procutil import keep_files_private
-from ..workers.runner import worker_main
 from ..workers.wakeup import WAKE_SIGNAL
 from .cluster_gate import ClusterGate
 from .control_server import ControlServer, SocketInUse
@@ -53,6 +52,7 @@ from .reload import ReloadPlan
 from .states import State
 from .status_page import StatusPage
 from .tail_view import TailView
+from .worker_forks import WorkerForks
 
 # The loop sleeps until the next thing it knows of falls due (_timeout): a child's
 # heartbeat deadline, a restart, a stop or client deadline, a systemd watchdog ping, or a
@@ -76,6 +76,7 @@ class Arbiter:
         self.config = config
         self.log = logs.get_logger(process="supervisor")
         self.ctx = multiprocessing.get_context("fork")
+        self.worker_forks = WorkerForks((b.type for b in config.backends), self.log)
         self.signals: List[int] = []
         self.reap_at = 0.0      # monotonic time of the next look at every child (_reap_due)
         self.stopping = False
@@ -260,6 +261,11 @@ class Arbiter:
         for handle in self._children():
             if handle.conn is not None:
                 watch(handle.conn.fileno(), READ, lambda _e, h=handle: h.receive())
+        for handle in self.workers.values():
+            # a worker's exit is reported to its parent, the fork server, not by a SIGCHLD
+            # here: its sentinel turns readable then
+            if handle.process is not None:
+                watch(handle.process.sentinel, READ, lambda _e: self._reap_now())
         watch(wakeup, READ, lambda _e: _drain(wakeup))
         for listener in self.listeners:
             for fd, mask, callback in listener.poll_entries():
@@ -323,6 +329,8 @@ class Arbiter:
                 self.log.error("child stopped reporting; killing it", child=handle.name,
                                seconds=round(now - handle.last_report, 1))
                 handle.kill()
+                # its exit is reported by the fork server, which must not be frozen itself
+                self.worker_forks.kill_server_if_frozen()
 
     def _kill_overdue_stops(self) -> None:
         """A child asked to stop (restart, stop, reload) that is still alive after
@@ -335,6 +343,7 @@ class Arbiter:
                 self.log.warning("did not stop within stop_timeout; killing", child=handle.name,
                                  pid=handle.pid)
                 handle.kill()
+                self.worker_forks.kill_server_if_frozen()
 
     def _spawn_worker(self, handle: ChildHandle) -> None:
         backend = self.backends[handle.name]
@@ -344,15 +353,15 @@ class Arbiter:
             from ..cluster.protocol import WorkerLease
             epoch = self.gate.epoch(handle.name)
             assert epoch is not None, "a worker is started only with its lease"
-            stop_at = self.ctx.RawValue("d", self.gate.stop_at(handle.name))
+            stop_at = self.worker_forks.ctx.RawValue("d", self.gate.stop_at(handle.name))
             self.stop_ats[handle.name] = stop_at
             lease = WorkerLease(self.config.cluster, epoch, stop_at)
             self.log.info("cluster: streaming this backend here", backend=handle.name,
                           epoch=epoch, node=self.config.cluster.node)
-        handle.spawn(self.ctx, worker_main, (
+        self.worker_forks.start(handle, (
             backend.with_plugins(self.config.plugins_for(backend)), state_dir,
             self.socket_path, self.config.log.format, self.config.log.level,
-            float(self.config.supervisor.heartbeat_timeout), os.getpid(), lease))
+            float(self.config.supervisor.heartbeat_timeout), lease))
 
     def _spawn_dispatcher(self) -> None:
         # duplex: the status page asks it for the events of the backends it shows
@@ -372,6 +381,9 @@ class Arbiter:
         inbox.close()       # the child holds its own copy
         self.gate.outbox = outbox
         self.lease_child.state = State.RUNNING
+
+    def _reap_now(self) -> None:
+        self.reap_at = 0.0
 
     def _reap_due(self) -> None:
         """Look for exited children after a SIGCHLD (or a reload), and every REAP_EVERY
@@ -528,6 +540,7 @@ class Arbiter:
                         self.log.warning("did not stop in time; killing", child=handle.name,
                                          pid=handle.pid)
                         handle.kill()
+                self.worker_forks.kill_server_if_frozen()
                 if now >= self.stop_deadline + REAP_GRACE:
                     return True   # unkillable (D state): the finally block gives up on it
             return False

@@ -192,6 +192,14 @@ class ChildHandle:
             self.next_start = now + LINK_LOST_DELAY
             self.log.info("lost its dispatcher; starting again", exit_code=code)
             return
+        if code == exitcodes.FORK_SERVER_LOST:
+            # RUNNING/STARTING -> BACKOFF: killed with its parent, the workers' fork server
+            # (a new one is started with the next worker); not counted as a crash
+            self.state = State.BACKOFF
+            self.next_start = now + LINK_LOST_DELAY
+            self.last_error = "the workers' fork server died, and this worker with it"
+            self.log.warning("lost its fork server; starting again", exit_code=code)
+            return
         if code == exitcodes.CHILD_OK:
             self.last_error = self.last_error or "exited unexpectedly"
         elif code is not None and code < 0 and not (self.killed and self.last_error):

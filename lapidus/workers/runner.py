@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import importlib
 import math
 import operator
 import os
@@ -71,18 +72,29 @@ def next_keep_alive(last_report: float, every: float) -> float:
     return (math.floor(last_report / every) + 1) * every
 
 
+#: backend type -> (module, class) of its Source
+SOURCES = {"postgresql": ("lapidus.workers.postgresql.source", "PostgresSource"),
+           "mysql": ("lapidus.workers.mysql.source", "MysqlSource"),
+           "mongo": ("lapidus.workers.mongo.source", "MongoSource")}
+
+
 def make_source(backend, state_dir: Path, log) -> Source:
-    """The Source class for ``backend.type`` (imported lazily: a worker loads only its own)."""
-    if backend.type == "postgresql":
-        from .postgresql.source import PostgresSource
-        return PostgresSource(backend, state_dir, log)
-    if backend.type == "mysql":
-        from .mysql.source import MysqlSource
-        return MysqlSource(backend, state_dir, log)
-    if backend.type == "mongo":
-        from .mongo.source import MongoSource
-        return MongoSource(backend, state_dir, log)
-    raise BackendError(f"unknown backend type {backend.type!r}", fatal=True)
+    """The Source class for ``backend.type`` (imported lazily: a worker loads only its own,
+    unless the fork server preloaded it, :func:`server_preload`)."""
+    if backend.type not in SOURCES:
+        raise BackendError(f"unknown backend type {backend.type!r}", fatal=True)
+    module_name, class_name = SOURCES[backend.type]
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)(backend, state_dir, log)
+
+
+def server_preload(backend_types) -> list:
+    """The modules the workers' fork server imports before it forks a worker: what every
+    worker runs, and the Source modules of ``backend_types`` (only those: whatever the
+    server holds is resident in each worker, so a PostgreSQL-only box carries no MongoDB
+    driver)."""
+    return sorted(SOURCES[t][0] for t in set(backend_types) if t in SOURCES) + [
+        "lapidus.workers.forkserver"]           # last: it freezes what the others loaded
 
 
 class StatusSchedule:
@@ -473,8 +485,15 @@ def _position_of(checkpoint: Any) -> Optional[str]:
     return str(checkpoint)
 
 
+def _fork_server_pid() -> Optional[int]:
+    """The pid of the fork server that forked this worker, its parent (None when the module
+    that records it was not preloaded there)."""
+    from . import forkserver
+    return forkserver.SERVER_PID if forkserver.SERVER_PID != os.getpid() else None
+
+
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
-                heartbeat_timeout: float, parent_pid: int, lease, status) -> None:
+                heartbeat_timeout: float, lease, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
 
     ``lease`` is None, or in cluster mode the :class:`lapidus.cluster.protocol.WorkerLease`
@@ -483,7 +502,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     """
     # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
-    die_with_parent(signal.SIGKILL, parent_pid)
+    die_with_parent(signal.SIGKILL, _fork_server_pid())
     set_process_name(f"lapidus:{backend.name}")
     tune_gc_for_throughput()
     logs.configure(log_format, log_level, process="worker")

@@ -103,6 +103,9 @@ def snapshot_state(proc, backend="pg"):
 # dispatcher and the worker, held by backpressure instead of a blocked send, goes on
 # reporting its progress.
 MID_SNAPSHOT_WINDOW = {"max_inflight_batches": 1, "batch_size": 200, "snapshot_chunk_rows": 200}
+# The same for rows of many columns (the sync tests' tables): a batch of 200 of them may not fit
+# in the socket, and a worker blocked in its send to the frozen dispatcher reports nothing.
+WIDE_ROWS_WINDOW = {**MID_SNAPSHOT_WINDOW, "batch_size": 20}
 
 
 def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_000,
@@ -115,8 +118,8 @@ def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_0
 
     ``delivered()`` counts the rows the sinks have, reads or not (a synced copy's rows); by
     default, the read events in the stdout sink's file, and then the status must show at least
-    ``at_rows`` read before the kill.  The backend runs with MID_SNAPSHOT_WINDOW's
-    ``max_inflight_batches`` and ``batch_size``."""
+    ``at_rows`` read before the kill.  The backend runs with MID_SNAPSHOT_WINDOW's (or
+    WIDE_ROWS_WINDOW's) ``max_inflight_batches`` and ``batch_size``."""
     # On a quiet host a 200k-row snapshot takes about a second, less than a status report's
     # period: so the dispatcher is frozen once ``at_rows`` rows are delivered, which holds the
     # worker one batch further on (MID_SNAPSHOT_WINDOW), mid-snapshot, until the kill.

@@ -25,7 +25,7 @@ import pytest
 
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
-from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, kill_worker_mid_snapshot
+from tests.integration.snapshot_helpers import WIDE_ROWS_WINDOW, kill_worker_mid_snapshot
 from tests.integration.sync_fixtures import (TRIGGER, LoadThread,
                                              assert_once_through_the_kills, child, has_row,
                                              held, kill_during_load, running, snapshot_done,
@@ -136,7 +136,7 @@ def test_snapshot_under_a_writer_and_a_kill_of_the_worker_gives_an_exact_replica
     writer.start()
     try:
         proc = lapidus_factory({
-            "backends": [backend(snapshot="initial", **MID_SNAPSHOT_WINDOW)],
+            "backends": [backend(snapshot="initial", **WIDE_ROWS_WINDOW)],
             "plugins": sync_plugin(target_db)})
         kill_worker_mid_snapshot(
             proc, "crm", f"{database()}.t", at_rows=3000,

@@ -24,7 +24,7 @@ import pytest
 pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, kill_worker_mid_snapshot
+from tests.integration.snapshot_helpers import WIDE_ROWS_WINDOW, kill_worker_mid_snapshot
 from tests.integration.sync_fixtures import (FILL, TRIGGER, TYPED, Writer,
                                              assert_once_through_the_kills, has_row,
                                              held, kill_during_load, running, snapshot_done,
@@ -88,7 +88,7 @@ def test_kill_9_of_the_worker_mid_snapshot_still_gives_an_exact_replica(
     try:
         proc = lapidus_factory({
             "backends": [pg_backend(pg_db, decoder="pgoutput", snapshot="initial",
-                                    **MID_SNAPSHOT_WINDOW)],
+                                    **WIDE_ROWS_WINDOW)],
             "plugins": sync_plugin(target_db)})
         kill_worker_mid_snapshot(proc, "pg", "public.t", at_rows=3000,
                                  delivered=lambda: target_db.sql("SELECT count(*) FROM t")[0][0])

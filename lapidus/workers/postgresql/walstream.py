@@ -109,14 +109,8 @@ PGRES_COPY_BOTH = 8
 
 
 def _libpq():
+    # the system's libpq, which psycopg2 is built against too
     names = [ctypes.util.find_library("pq"), "libpq.so.5"]
-    try:     # the libpq psycopg2's wheel brings, when the system has none
-        import glob
-        import psycopg2
-        names += sorted(glob.glob(os.path.join(os.path.dirname(psycopg2.__file__), "..",
-                                               "psycopg2_binary.libs", "libpq*.so*")))
-    except Exception:
-        pass
     for name in names:
         if not name:
             continue
