@@ -15,7 +15,10 @@ drops nothing and resumes from the slot and that checkpoint (docs/cluster.md).
 * a clean hand-over of a PostgreSQL backend to a node that joins, nothing lost (pgoutput and
   wal2json);
 * a frozen node (all its processes stopped) still holds the slot's walsender: the new owner
-  terminates it after the grace and streams, every row once.
+  terminates it after the grace and streams, every row once;
+* an initial snapshot under a concurrent writer, its node killed in the middle: the next owner
+  resumes it from the bucket's checkpoint (a chunk, not the start), and the stream folds to the
+  table, each event stored once.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ import pytest
 
 from bench.chaos.cluster_nodes import _when, overlaps
 from tests.conftest import wait_until
-from tests.integration.conftest import pg_backend, pg_connect
+from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
 from tests.integration.outage_proxy import OutageProxy
 from tests.integration.sink_loads import expected_count, finish, pg_load
+from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, fold
 from tests.integration.test_cluster import (LEASE_TTL, ROWS, _js,  # noqa: F401
                                             check_stream, hand_over_under_load, jetstream,
-                                            nodes, owner_of, wait_stream)
+                                            nodes, owner_of, stream_events, wait_stream)
+from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 
 pytestmark = pytest.mark.integration
 
@@ -322,3 +327,56 @@ def test_a_frozen_pg_node_s_walsender_is_terminated_by_the_new_owner(
                 pass
         holders.close()
     check_stream(urls, stream, ["pgc"])
+
+
+def last_event(urls, name: str) -> Optional[dict]:
+    """The stream's last message (None while it is empty)."""
+    async def read(js):
+        info = await js.stream_info(name)
+        if not info.state.messages:
+            return None
+        return json.loads((await js.get_msg(name, info.state.last_seq)).data)
+    return _js(urls, read)
+
+
+def test_a_pg_snapshot_killed_with_its_node_resumes_on_the_next_owner_and_folds(
+        nats_cluster, jetstream, pg_db, nodes):  # noqa: F811
+    prefix, stream = jetstream
+    urls = nats_cluster.urls
+    make_table(pg_db, 20_000)
+    backends = [pg_backend(pg_db, name="pgc", decoder="pgoutput", snapshot="initial",
+                           **MID_SNAPSHOT_WINDOW)]
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
+    writer = Writer(pg_db, 20_000, seed=13)
+    writer.start()
+    try:
+        wait_until(lambda: owner_of([a], "pgc") is a, 30, message="node a streaming pgc")
+        b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3)
+        wait_until(lambda: any(r.get("event") == "nats connected" and r.get("process") ==
+                               "cluster" for r in b.records()), 30, message="node b connected")
+        wait_stream(urls, stream, 4000)
+        # a's dispatcher frozen, its worker is held one small batch further on, mid-snapshot,
+        # until the kill of the whole node
+        os.kill(a.find("lapidus:dispatc"), signal.SIGSTOP)
+        assert not any(r.get("event") == "snapshot finished" for r in a.records())
+        killed_at = a.kill9()
+        wait_until(lambda: b.first_start_after("pgc", killed_at), LEASE_TTL + 30,
+                   message=f"node b streaming pgc; log:\n{b.log_tail()}")
+        wait_until(lambda: any(r.get("event") == "snapshot finished" for r in b.records()),
+                   120, message=f"the snapshot finished on b; log:\n{b.log_tail()}")
+        # its slot is streamed by lapidus-walstream, named so in the status
+        row = backend_status(b.config_path, "pgc")
+        assert "pg_recvlogical_pid" not in row
+        assert "lapidus.workers.postgresql.walstream" in \
+            " ".join(psutil.Process(row["walstream_pid"]).cmdline())
+    finally:
+        writer.stop()
+    pg_db.sql("INSERT INTO t VALUES (-1, 'sentinel', 0)")
+    wait_until(lambda: (last_event(urls, stream) or {}).get("pk") == {"id": -1}, 60,
+               message="the sentinel, last in the stream")
+    resumed = [r for r in b.records() if r.get("event") == "snapshot resumed"]
+    assert resumed and int(resumed[0]["rows"]) >= 1000, resumed   # from a chunk, not zero
+    events = stream_events(urls, stream)
+    ids = [e["id"] for e in events]
+    assert len(ids) == len(set(ids)), "an event is stored twice"
+    assert fold(events) == table_content(pg_db)

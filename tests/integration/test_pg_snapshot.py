@@ -177,7 +177,9 @@ def test_a_finished_snapshot_is_never_repeated_and_user_messages_stay_off(
     events = until(second, lambda: (lambda ev: ev if any(e["pk"] == {"id": 1000} for e in ev)
                                     else None)(second.events()), 30, "the row after the stop")
     assert not any(e["type"] == "read" for e in events)
-    assert snapshot_state(second).get("state") == "done"
+    # (the worker's status report follows its batch: awaited, not assumed)
+    until(second, lambda: snapshot_state(second).get("state") == "done", 10,
+          "the status of the finished snapshot")
     assert "snapshot started" not in second.log() and "snapshot resumed" not in second.log()
 
 

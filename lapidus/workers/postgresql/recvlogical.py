@@ -191,6 +191,8 @@ class SpoolChild:
 class RecvLogical(SpoolChild):
     """``pg_recvlogical``: confirms to the server what it fsynced to the spool."""
 
+    STATUS_KEY = "pg_recvlogical_pid"       # its pid's name in the backend's status
+
     def __init__(self, *, binary: str, **child):
         super().__init__(**child)
         self.binary = binary

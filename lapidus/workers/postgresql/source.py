@@ -517,7 +517,8 @@ class PostgresSource(Source):
                     unread += size
                 elif seg == self.reader.segment:
                     unread += max(0, size - self.reader.offset)
-        out = {"slot": self.slot, "pg_recvlogical_pid": self.child.pid if self.child else None,
+        child_kind = WalStream if self.cluster else RecvLogical
+        out = {"slot": self.slot, child_kind.STATUS_KEY: self.child.pid if self.child else None,
                "spool_bytes": total, "lag_bytes": unread}
         out.update(self._slot_health())
         if self.snapshot_progress is not None:

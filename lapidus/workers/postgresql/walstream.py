@@ -403,6 +403,7 @@ class WalStream(SpoolChild):
     ``pg_recvlogical``, plus :meth:`ack`."""
 
     program = "lapidus-walstream"
+    STATUS_KEY = "walstream_pid"            # its pid's name in the backend's status
 
     def __init__(self, *, floor: int = 0, **child):
         super().__init__(**child)
