@@ -1,6 +1,7 @@
 """The generic worker loop: source -> encoded batches -> dispatcher, acks -> checkpoint.
 
-Runs in a worker process, one per backend, forked by the supervisor.  A database that cannot
+Runs in a worker process, one per backend, forked by the workers' fork server
+(:mod:`.forkserver`).  A database that cannot
 be reached (at start or mid-stream) is waited for here, for ever, in the WAITING state
 (:mod:`.waiting`); sources only say whether an error is fatal.  Flow control: at most
 ``max_inflight_batches`` batches are unconfirmed at any time; when the sinks are slow or down
