@@ -77,7 +77,8 @@ CLASSIC_KINDS = ("kill_worker_pg", "kill_worker_mysql", "kill_dispatcher", "kill
 STOP_KINDS = ("stop_worker_pg", "stop_worker_mysql", "stop_dispatcher", "stop_supervisor")
 RELOAD_KINDS = ("reload_backends", "reload_sink_option", "reload_backend_option")
 # the lifecycle faults; none of them touches the shared PostgreSQL or MariaDB server
-NEW_KINDS = STOP_KINDS + RELOAD_KINDS + ("dead_letter", "slow_clients")
+FORK_SERVER_KINDS = ("kill_fork_server", "stop_fork_server")
+NEW_KINDS = STOP_KINDS + RELOAD_KINDS + FORK_SERVER_KINDS + ("dead_letter", "slow_clients")
 KINDS = CLASSIC_KINDS + NEW_KINDS
 CI_KINDS = tuple(k for k in CLASSIC_KINDS if k != "pg_restart")
 CLUSTER_KINDS = ("kill_node", "kill_nats_server", "freeze_node")
@@ -340,6 +341,36 @@ class FaultInjector(threading.Thread):
 
     def stop_worker_pg(self) -> str:
         return self._freeze_child(f"lapidus:{self.run_.PG_BACKEND}")
+
+    # -- lifecycle: the workers' fork server ------------------------------------------------
+
+    def kill_fork_server(self) -> str:
+        """kill -9 of the fork server: every worker dies with it and starts again through a
+        new one."""
+        detail = self._kill_child("lapidus:forker")
+        self._wait_recovered("every backend RUNNING after the fork server was killed")
+        return detail
+
+    def stop_fork_server(self) -> str:
+        """The fork server frozen, and the PostgreSQL worker killed meanwhile: only the frozen
+        server could report that exit, so the supervisor must see it through the worker's
+        silence and replace the server (its other workers are restarted with it)."""
+        run = self.run_
+        self._wait_recovered("every backend RUNNING before freezing the fork server")
+        server = run.lapidus.wait_child("lapidus:forker", timeout=60)
+        worker = run.lapidus.wait_child(f"lapidus:{run.PG_BACKEND}", timeout=60)
+        os.kill(server, signal.SIGSTOP)
+        try:
+            os.kill(worker, signal.SIGKILL)
+            self._wait_recovered("every backend RUNNING after a worker died under the frozen "
+                                 "fork server")
+        finally:
+            try:
+                os.kill(server, signal.SIGCONT)
+            except ProcessLookupError:
+                pass        # killed by the supervisor, as it should be
+        return (f"fork server {server} frozen, worker {worker} killed; fork server now "
+                f"{run.lapidus.find('lapidus:forker')}")
 
     def stop_worker_mysql(self) -> str:
         return self._freeze_child(f"lapidus:{self.run_.MYSQL_BACKEND}")

@@ -260,7 +260,7 @@ class Arbiter:
 
         for handle in self._children():
             if handle.conn is not None:
-                watch(handle.conn.fileno(), READ, lambda _e, h=handle: h.receive())
+                watch(handle.conn.fileno(), READ, lambda _e, h=handle: self._receive(h))
         for handle in self.workers.values():
             # a worker's exit is reported to its parent, the fork server, not by a SIGCHLD
             # here: its sentinel turns readable then
@@ -384,6 +384,15 @@ class Arbiter:
 
     def _reap_now(self) -> None:
         self.reap_at = 0.0
+
+    def _receive(self, handle: ChildHandle) -> None:
+        """Read a child's reports; when its pipe closes, it has exited (or is about to)."""
+        handle.receive()
+        if handle.conn is None and self.workers.get(handle.name) is handle:
+            # a worker's exit is reported by its parent, the fork server: a frozen one
+            # would leave it unseen until the heartbeat timeout, so look now
+            self.worker_forks.kill_server_if_frozen()
+            self._reap_now()
 
     def _reap_due(self) -> None:
         """Look for exited children after a SIGCHLD (or a reload), and every REAP_EVERY

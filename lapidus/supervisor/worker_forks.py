@@ -54,7 +54,8 @@ class WorkerForks:
 
     def kill_server_if_frozen(self) -> None:
         """A stopped (SIGSTOP) server would block the supervisor in its next fork request,
-        and can report no worker's exit: kill it (its workers die with it and are restarted
+        and can report no worker's exit (called before a start, when a worker's status pipe
+        closes, and when a worker is killed): kill it (its workers die with it and are restarted
         like after a crash, not counted as one), so that a new one is started."""
         server = _server()
         if server is None:

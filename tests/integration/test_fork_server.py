@@ -85,3 +85,23 @@ def test_a_frozen_fork_server_is_replaced_and_the_restart_it_held_goes_on(
     pg_db.sql("INSERT INTO t VALUES (3)")
     assert set(ids_of(proc.wait_events(3))) == {1, 2, 3}
     assert "fork server is stopped" in proc.log()
+
+
+def test_a_worker_killed_under_a_frozen_fork_server_is_replaced_without_waiting_for_its_heartbeat(
+        lapidus_factory, pg_db):
+    proc, first = streaming_pg(lapidus_factory, pg_db)     # heartbeat_timeout: 60 s
+    server = fork_server(proc)
+    server.send_signal(signal.SIGSTOP)
+    try:
+        # only the frozen server could report this exit; the worker's closed status pipe
+        # tells the supervisor to look at the server
+        os.kill(first["pid"], signal.SIGKILL)
+        pg_db.sql("INSERT INTO t VALUES (2)")
+        wait_until(lambda: replaced(proc.config_path, "pg", first["pid"]), 20,
+                   message=f"a new worker well before the heartbeat timeout; log:\n"
+                           f"{proc.log()[-3000:]}")
+    finally:
+        if psutil.pid_exists(server.pid):
+            os.kill(server.pid, signal.SIGCONT)
+    assert "no heartbeat" not in proc.log() and "fork server is stopped" in proc.log()
+    assert set(ids_of(proc.wait_events(2))) == {1, 2}
