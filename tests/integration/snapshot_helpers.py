@@ -110,7 +110,8 @@ WIDE_ROWS_WINDOW = {**MID_SNAPSHOT_WINDOW, "batch_size": 20}
 
 def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_000,
                              run_sql: Callable[..., None] | None = None,
-                             delivered: Callable[[], int] | None = None) -> tuple[dict, dict]:
+                             delivered: Callable[[], int] | None = None,
+                             finish_within: float = 90) -> tuple[dict, dict]:
     """kill -9 the worker of ``backend`` ``at_rows`` rows into its snapshot or backfill of
     ``table`` (one table), after changing rows the chunks already read (``run_sql(*statements)``,
     when given); wait until the new worker says it resumed from a chunk and the run is done.
@@ -149,7 +150,7 @@ def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_0
     resumed = [json.loads(line) for line in proc.log().splitlines()
                if '"snapshot resumed"' in line][0]
     assert resumed["last_key"] and int(resumed["rows"]) > 0
-    until(proc, lambda: snapshot_state(proc, backend).get("state") == "done", 90,
+    until(proc, lambda: snapshot_state(proc, backend).get("state") == "done", finish_within,
           "the snapshot to finish", backend)
     return running, resumed
 

@@ -140,7 +140,8 @@ def test_snapshot_under_a_writer_and_a_kill_of_the_worker_gives_an_exact_replica
             "plugins": sync_plugin(target_db)})
         kill_worker_mid_snapshot(
             proc, "crm", f"{database()}.t", at_rows=3000,
-            delivered=lambda: target_db.sql("SELECT count(*) FROM crm.t")[0][0])
+            delivered=lambda: target_db.sql("SELECT count(*) FROM crm.t")[0][0],
+            finish_within=240)      # 20-event batches under the writer: 200-400 rows/s
     finally:
         writer.stop()
     assert writer.done > 50

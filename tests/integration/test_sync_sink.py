@@ -91,7 +91,8 @@ def test_kill_9_of_the_worker_mid_snapshot_still_gives_an_exact_replica(
                                     **WIDE_ROWS_WINDOW)],
             "plugins": sync_plugin(target_db)})
         kill_worker_mid_snapshot(proc, "pg", "public.t", at_rows=3000,
-                                 delivered=lambda: target_db.sql("SELECT count(*) FROM t")[0][0])
+                                 delivered=lambda: target_db.sql("SELECT count(*) FROM t")[0][0],
+                                 finish_within=240)
     finally:
         writer.stop()
     finish(proc, pg_db, target_db, "INSERT INTO t (id, version) VALUES (-1, 0)")
