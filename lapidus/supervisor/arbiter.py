@@ -1,8 +1,9 @@
 """The supervisor's main loop (the arbiter).
 
 Runs in the ``lapidus`` process.  It forks the dispatcher, has the workers' fork server fork
-one worker per enabled backend (:mod:`.worker_forks`), then loops: poll the children's status pipes, the signal wake-up pipe, the control socket and
-the HTTP socket with their clients (with a timeout), handle queued signals, reap dead children
+one worker per enabled backend (:mod:`.worker_forks`), then loops: poll the children's status
+pipes and exit sentinels, the signal wake-up pipe, the control socket and the HTTP socket with
+their clients (with a timeout), handle queued signals, reap dead children
 and decide (restart after backoff, or FATAL), kill what is overdue (silent for
 ``heartbeat_timeout``, or still alive ``stop_timeout`` after SIGTERM), start what is due.
 Signal handlers only queue the signal; all work, logging included, happens in the loop, and
