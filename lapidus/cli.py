@@ -42,10 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 def load(path: Optional[str], add_stdout: bool, *, checking: bool = False):
     """Load and validate, with plugin options checked by the plugins themselves, then check
     the result against this machine (state_dir, [http] listen).  ``checking`` (``-t``): an
-    unset variable used only in a secret is a warning, not a problem."""
+    unset variable used only in a secret is a warning, not a problem, and the certificate and
+    key files the backends and the cluster name must exist."""
     config = load_config(path, plugin_validators=registry.validators(),
                          secrets_optional=checking)
-    check_preflight(config)
+    check_preflight(config, files=checking)
     if add_stdout:
         config = config.with_plugin("stdout", {})
     return config

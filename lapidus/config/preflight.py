@@ -1,6 +1,7 @@
 """Checks of a valid configuration against this machine, before anything is created: can this
 user create and write ``state_dir`` (and each backend's directory in it, the lock file, the
-control socket's directory), and can ``[http] listen`` be bound.
+control socket's directory), can ``[http] listen`` be bound, and (``lapidus -t`` only) do the
+backends' certificate and key files exist.
 
 Runs in ``lapidus -t`` and in the supervisor at start, before it locks the state directory,
 opens the control socket or forks anything, so that a wrong path or a taken port ends in the
@@ -30,13 +31,51 @@ from .model import Config
 LOCK_FILE = "lapidus.lock"      # the supervisor's lock, inside state_dir (see the arbiter)
 
 
-def check_preflight(config: Config, *, try_bind: bool = True) -> None:
+def check_preflight(config: Config, *, try_bind: bool = True, files: bool = False) -> None:
     """Raise :class:`ConfigError` (``source`` = the file) when this user cannot run
-    ``config`` here: :func:`state_dir_problems` and :func:`listen_problems` together.
-    ``try_bind`` False skips binding the listen address (its syntax was checked on load)."""
+    ``config`` here: :func:`state_dir_problems` and :func:`listen_problems` together, and
+    with ``files`` (``lapidus -t``) :func:`file_problems`.  ``try_bind`` False skips binding
+    the listen address (its syntax was checked on load)."""
     problems = state_dir_problems(config) + listen_problems(config, try_bind=try_bind)
+    if files:
+        problems += file_problems(config)
     if problems:
         raise ConfigError(problems, config.source)
+
+
+# -- files a backend's connection reads (lapidus -t) ------------------------------------------
+
+#: the settings that name a file a backend's connection reads (libpq, pymysql, pymongo)
+BACKEND_FILES = ("passfile", "sslrootcert", "sslcert", "sslkey", "ssl_ca", "ssl_cert",
+                 "ssl_key", "tls_ca_file", "tls_certificate_key_file")
+
+
+def file_problems(config: Config) -> List[str]:
+    """Certificate, key and password files of the backends that do not exist or are not
+    files.  (The sinks' and ``[cluster]``'s files are checked with their options, on load.)
+
+    For ``lapidus -t`` only: at start, a backend whose file is missing goes FATAL by itself
+    with the same reason while the others run (:mod:`lapidus.workers.tls_files`; libpq skips
+    a missing ``passfile`` and the server then refuses the password); ``-t`` says it before
+    anything runs.
+    Readability is not judged: ``-t`` may run as another user than the service (root, an
+    operator), and the connection's own error names a file it may not read."""
+    problems: List[str] = []
+    for index, backend in enumerate(config.backends):
+        for key in BACKEND_FILES:
+            path = backend.options.get(key)
+            if not path:
+                continue
+            if not os.path.lexists(path):
+                what = "does not exist"
+            elif not os.path.isfile(path):
+                what = f"is {_what(Path(path))}, not a file"
+            else:
+                continue
+            problems.append(f"backends[{index}].{key}: {path} {what}; give the path of an "
+                            f'existing file (backend "{backend.name}" cannot connect as '
+                            f"configured without it)")
+    return problems
 
 
 # -- the state directory ---------------------------------------------------------------------

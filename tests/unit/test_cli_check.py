@@ -115,3 +115,24 @@ def test_check_refuses_publish_via_partition_root_with_wal2json(tmp_path, capsys
     assert "backends[0].publish_via_partition_root: true needs decoder = \"pgoutput\"" in err
     assert "wal2json names every change by its partition and has no such option" in err
     assert "Traceback" not in err
+
+
+def test_check_names_a_backends_missing_certificate_file_and_start_leaves_it_to_the_backend(
+        tmp_path, capsys, monkeypatch):
+    (tmp_path / "ca.pem").write_text("not checked here: only that it is a file")
+    (tmp_path / "keys").mkdir()
+    path = write(tmp_path, tmp_path / "state",
+                 pg={"sslmode": "verify-full", "sslrootcert": "ca.pem", "sslcert": "missing.pem",
+                     "sslkey": "keys"})
+    assert cli.main(["-t", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "lapidus: invalid configuration (2 problems):\n"
+        f"  - backends[0].sslcert: {tmp_path / 'missing.pem'} does not exist; give the path of "
+        f'an existing file (backend "shop" cannot connect as configured without it)\n'
+        f"  - backends[0].sslkey: {tmp_path / 'keys'} is a directory, not a file; give the path "
+        f'of an existing file (backend "shop" cannot connect as configured without it)\n')
+    # at start the backend itself goes FATAL naming the file, and the other backends run:
+    # the supervisor (refused by the fixture here) is reached
+    with pytest.raises(AssertionError, match="the supervisor must not start"):
+        cli.main(["-c", str(path)])
