@@ -243,6 +243,20 @@ def test_an_objectid_and_its_hex_string_are_two_documents_in_the_held_chunk(mong
     snapshot.collection = changed_while_the_window_is_open
     events = pump.until(lambda d: not source.snapshot_running() and len(d) >= 2, "the snapshot")
     assert [(e.type, e.item["v"]) for e in events] == [("update", "changed"), ("read", "text")]
+    assert events[1].id == f'{BACKEND}:read:0:{mongo.database}.docs:["{oid}"]'
+
+
+def test_an_objectid_and_its_hex_string_get_two_read_ids(mongo, sources, tmp_path):
+    """One id per document: JetStream's dedup would drop the second of two equal ids."""
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    mongo.db.docs.insert_many([{"_id": oid, "v": "object id"}, {"_id": str(oid), "v": "text"}])
+    source = sources(options_for(mongo, snapshot="initial"))
+    pump = Pump(source, tmp_path / "state").open()
+    events = pump.until(lambda d: not source.snapshot_running() and len(d) >= 2, "the snapshot")
+    head = f"{BACKEND}:read:0:{mongo.database}.docs:"
+    assert sorted((e.id, e.item["v"]) for e in events) == [
+        (head + f'["{oid}"]', "text"), (head + f'[{{"$oid":"{oid}"}}]', "object id")]
+    assert [e.pk for e in events] == [{"_id": str(oid)}] * 2
 
 
 # -- backfills ----------------------------------------------------------------------------

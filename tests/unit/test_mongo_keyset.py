@@ -8,8 +8,8 @@ import orjson
 import pytest
 from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp
 
-from lapidus.workers.mongo.keyset import (BRACKETS, after, bracket, key_from_json, key_text,
-                                          key_to_json, parse_filter)
+from lapidus.workers.mongo.keyset import (BRACKETS, after, bracket, id_text, key_from_json,
+                                          key_text, key_to_json, parse_filter)
 from lapidus.workers.mongo.snapshot import MongoWindow, watermark_namespace
 from lapidus.workers.base import BackendError
 
@@ -54,6 +54,27 @@ def test_an_objectid_and_its_hex_string_are_different_keys():
                            (str(oid), {"_id": str(oid)}, {"v": 2})], None)
     window.evict(oid)
     assert window.remaining() == [({"_id": str(oid)}, {"v": 2})]
+
+
+def test_an_objectid_and_its_hex_string_get_two_read_ids():
+    """Read ids must differ where documents differ, or JetStream's dedup drops one."""
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    window = MongoWindow("m", "shop", "docs", ("_id",))
+    window.hold_documents([(7, {"_id": 7}, {"v": 0}), ("a", {"_id": "a"}, {"v": 0}),
+                           (oid, {"_id": str(oid)}, {"v": 1}),
+                           (str(oid), {"_id": str(oid)}, {"v": 2})], None)
+    assert [text for text, _ in window.remaining_keyed()] == [
+        "[7]", '["a"]', '[{"$oid":"65a1b2c3d4e5f60718293a4b"}]', '["65a1b2c3d4e5f60718293a4b"]']
+    window.evict("a")
+    assert [row for _, row in window.remaining_keyed()] == window.remaining()
+
+
+@pytest.mark.parametrize("value", ORDERED)
+def test_read_id_texts_are_compact_json_and_one_per_bson_value(value):
+    text = id_text(value)
+    assert text.startswith("[") and ", " not in text and ": " not in text
+    others = [v for v in ORDERED if key_text(v) != key_text(value)]
+    assert text not in {id_text(v) for v in others}
 
 
 def test_filters_parse_as_extended_json_documents():

@@ -14,6 +14,7 @@ in canonical Extended JSON (``{"$oid": ...}``, ``{"$numberLong": ...}``), lossle
 BSON type, and :func:`key_from_json` reads it back.  :func:`key_text` is the same form as one
 string: the held chunk's key for a document, unique per BSON value (an ObjectId and the string
 of its hex digits are two keys, though the events show both as the same string).
+:func:`id_text` is the ``_id``'s part of a ``read`` event's id, unique per BSON value too.
 """
 
 from __future__ import annotations
@@ -118,6 +119,24 @@ def key_from_json(data: Any) -> Any:
 def key_text(value: Any) -> str:
     """One string per distinct BSON value (canonical Extended JSON)."""
     return json_util.dumps(value, json_options=_CANONICAL)
+
+
+def id_text(value: Any) -> str:
+    """The tail of a ``read`` event's id for the document whose ``_id`` is ``value``: the
+    compact JSON array of the value, as other sources' keys (``[2]``, ``["a"]``) for an int or
+    a string, and relaxed Extended JSON for every other type (``[{"$oid":"65a5..."}]``).
+
+    The event's ``pk`` shows an ObjectId, a date or a Decimal128 as a string, so an id made
+    from ``pk`` would be the same for an ObjectId and the string of its hex digits: two
+    documents, one id, and JetStream's dedup would drop one of them.  Numbers of different
+    BSON types with one value (int32 5, int64 5, 5.0) cannot be two ``_id`` values of one
+    collection: its unique index compares numbers by value."""
+    if value.__class__ is int:
+        return f"[{value}]"
+    if value.__class__ is str:
+        return orjson.dumps([value]).decode()
+    return json_util.dumps([value], json_options=json_util.RELAXED_JSON_OPTIONS,
+                           separators=(",", ":"))
 
 
 def parse_filter(text: Optional[str]) -> Optional[dict]:

@@ -36,11 +36,11 @@ from pymongo.read_concern import ReadConcern
 from ..base import BackendError
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
-from ..snapshot.window import ValueKeyedWindow
+from ..snapshot.window import Row, ValueKeyedWindow
 from . import errors
 from .bson_json import document_to_json, to_json
 from .changes import ROW_OPERATIONS, commit_time
-from .keyset import after, key_from_json, key_text, key_to_json, parse_filter
+from .keyset import after, id_text, key_from_json, key_text, key_to_json, parse_filter
 from .position import token_position
 
 Namespace = Tuple[str, str]
@@ -99,11 +99,17 @@ class MongoWindow(ValueKeyedWindow):
     """A held chunk keyed by the BSON ``_id`` itself (:func:`.keyset.key_text`), not by its
     JSON form: an ObjectId and the string of its hex digits are different documents."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ids: Dict[str, str] = {}     # key text -> the tail of the read event's id
+
     def hold_documents(self, entries: Sequence[Tuple[Any, dict, dict]],
                        last_key: Optional[List[Any]]) -> None:
         """``(raw _id, pk, item)`` in ``_id`` order, and the checkpoint's form of the last."""
         for raw, pk, item in entries:
-            self.rows[key_text(raw)] = (pk, item)
+            key = key_text(raw)
+            self.rows[key] = (pk, item)
+            self.ids[key] = id_text(raw)
         self.selected = len(entries)
         self.last_key = last_key
 
@@ -114,6 +120,12 @@ class MongoWindow(ValueKeyedWindow):
     def evict_all(self) -> None:
         self.evicted += len(self.rows)
         self.rows.clear()
+
+    def remaining_keyed(self) -> List[Tuple[str, Row]]:
+        """The rows left, each with its id text from the BSON ``_id`` (:func:`.keyset.id_text`),
+        not from ``pk``, whose JSON form can be the same for two documents."""
+        ids = self.ids
+        return [(ids[key], row) for key, row in self.rows.items()]
 
 
 class MongoSnapshot(SnapshotRun):
