@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lapidus import config as config_module
 from lapidus.cluster import balance
@@ -230,11 +231,13 @@ def test_healthz_counts_only_the_backends_no_other_node_holds():
 
 def test_metrics_export_ownership_and_renewal():
     text = metrics.render(status(["RUNNING", "STOPPED"]))
-    assert 'lapidus_cluster_owned{backend="crm"} 1' in text
-    assert 'lapidus_cluster_owned{backend="shop"} 0' in text
-    assert 'lapidus_cluster_owner{backend="shop",node="n2"} 1' in text
-    assert 'lapidus_cluster_lease_renewal_seconds{node="n1"} 0.0021' in text
-    assert 'lapidus_cluster_nodes_live{node="n1"} 2' in text
+    found = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for family in text_string_to_metric_families(text) for s in family.samples}
+    assert found[("lapidus_cluster_owned", (("backend", "crm"),))] == 1
+    assert found[("lapidus_cluster_owned", (("backend", "shop"),))] == 0
+    assert found[("lapidus_cluster_owner", (("backend", "shop"), ("node", "n2")))] == 1
+    assert found[("lapidus_cluster_lease_renewal_seconds", (("node", "n1"),))] == 0.0021
+    assert found[("lapidus_cluster_nodes_live", (("node", "n1"),))] == 2
 
 
 def test_lapidusctl_cluster_shows_nodes_leases_owners_and_hand_overs():

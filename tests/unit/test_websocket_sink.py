@@ -216,19 +216,24 @@ def test_two_backends_share_one_listener_and_different_options_are_refused():
 
 
 def test_the_sink_figures_are_exported_as_metrics():
+    from prometheus_client.parser import text_string_to_metric_families
+
     from lapidus.supervisor.metrics import render
     state = {"connected": True, "down_seconds": None, "clients": 3, "frames_sent": 120,
              "slow_clients_closed": 1, "refused": 2, "replay_events": 40}
     text = render({"backends": [{"name": "pg", "state": "RUNNING",
                                  "sinks": {"websocket": state}}]})
-    labels = '{backend="pg",sink="websocket"}'
-    for line in (f"lapidus_websocket_clients{labels} 3",
-                 f"lapidus_websocket_frames_total{labels} 120",
-                 f"lapidus_websocket_slow_clients_total{labels} 1",
-                 f"lapidus_websocket_refused_total{labels} 2",
-                 f"lapidus_websocket_replay_events{labels} 40",
-                 f"lapidus_sink_up{labels} 1"):
-        assert line in text.splitlines()
+    found = {s.name: (s.labels, s.value)
+             for family in text_string_to_metric_families(text) for s in family.samples
+             if s.labels.get("sink") == "websocket"}
+    labels = {"backend": "pg", "sink": "websocket"}
+    assert found == {"lapidus_websocket_clients": (labels, 3),
+                     "lapidus_websocket_frames_total": (labels, 120),
+                     "lapidus_websocket_slow_clients_total": (labels, 1),
+                     "lapidus_websocket_refused_total": (labels, 2),
+                     "lapidus_websocket_replay_events": (labels, 40),
+                     "lapidus_sink_up": (labels, 1),
+                     "lapidus_sink_down_seconds": (labels, 0)}
 
 
 def test_max_clients_and_a_client_that_never_answers_pings():
