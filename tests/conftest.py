@@ -7,6 +7,11 @@ import time
 
 import pytest
 
+# The helpers of tests/integration (fixtures, writers, checks) get pytest's assertion messages
+# too.  Registered here, before any test module imports one: a registration in a test module
+# comes too late for a helper another module already imported.
+pytest.register_assert_rewrite("tests.integration")
+
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
     """Call ``predicate`` until it returns a truthy value; fail with ``message`` on timeout."""

@@ -36,7 +36,6 @@ from bench.chaos.servers import (NATS_SERVER, ensure_mariadb, mariadb_answers, p
                                  restart_mariadb)
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, Sql, read_until  # noqa: E402
 

@@ -43,8 +43,6 @@ from tests.integration.nats_cluster import nats_cluster  # noqa: F401  (fixture)
 from tests.integration.nats_fixtures import private_nats  # noqa: F401  (fixture)
 from tests.integration.outage_proxy import OutageProxy
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures",
-                               "tests.integration.mongo_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.mongo_fixtures"]
 from tests.integration.mongo_fixtures import options_for  # noqa: E402
 from tests.integration.mysql_fixtures import (DATABASE, lapidus_backend,  # noqa: E402

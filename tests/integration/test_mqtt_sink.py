@@ -23,7 +23,6 @@ from tests.integration.conftest import pg_backend, status
 from tests.integration.mqtt_fixtures import broker, subscribe
 from tests.integration.tls_fixtures import make_pki, one_untrusted_error
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
 from tests.integration.sink_loads import (  # noqa: E402

@@ -10,7 +10,6 @@ from tests.integration.conftest import backend_status
 from tests.integration.nats_fixtures import (create_stream, private_nats,  # noqa: F401
                                              stream_count)
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
 

@@ -14,7 +14,6 @@ import pytest
 from lapidus.workers.base import BackendError
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import next_server_id  # noqa: E402
 

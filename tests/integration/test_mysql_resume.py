@@ -13,7 +13,6 @@ from lapidus.workers.mysql import MysqlSource
 from lapidus.workers.mysql.source import FIRST_START_FILE
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     read_count, read_to_marker, without_marker,

@@ -19,7 +19,6 @@ from pymysqlreplication.row_event import TableMapEvent, UpdateRowsEvent
 from lapidus.workers.mysql.reader import row_data
 from lapidus.workers.mysql.values import convert_row
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.test_mysql_types import (  # noqa: E402
     MAX_ROW, MIN_ROW, NULL_ROW, TABLE, ZERO_ROW,

@@ -17,7 +17,6 @@ from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, ConcurrentW
                                                 kill_worker_mid_snapshot,
                                                 resumed_reads, snapshot_state, until)
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     DATABASE, lapidus_backend, read_until, root_connection,

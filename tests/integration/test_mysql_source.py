@@ -13,7 +13,6 @@ import pytest
 from lapidus.workers.base import BackendError
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     DATABASE, read_count, read_to_marker, read_until, without_marker,

@@ -33,7 +33,6 @@ from tests.conftest import wait_until
 from tests.integration.conftest import LapidusProcess, ctl, pg_backend
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     DATABASE, HOST, PORT, Sql, begin_server_shutdown, lapidus_backend, restart_server,

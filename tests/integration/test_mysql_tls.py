@@ -26,7 +26,6 @@ from lapidus.workers.base import BackendError
 from tests.conftest import wait_until
 from tests.integration.tls_fixtures import make_pki
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     HOST, PORT, lapidus_backend, read_count, root_connection,

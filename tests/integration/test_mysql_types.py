@@ -15,7 +15,6 @@ import pytest
 from lapidus.events import encode
 
 # The fixtures come in as a plugin, so test arguments do not shadow imported names.
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, read_count  # noqa: E402
 

@@ -29,7 +29,6 @@ from tests.integration.rabbitmq_fixtures import (URL, close_connections_of, cons
 from tests.integration.test_redis_sink import EVENT_FIELDS, maria_load, pg_load
 from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, lapidus_backend  # noqa: E402
 

@@ -27,7 +27,6 @@ from tests.integration.redis_fixtures import (URL, entries, free_port, private_r
 from tests.integration.test_metrics import get, samples
 from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, lapidus_backend, root_connection  # noqa
 

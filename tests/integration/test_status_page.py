@@ -33,7 +33,6 @@ from tests.integration.conftest import ctl, pg_backend
 from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 from tests.integration.test_metrics import free_port, get
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import lapidus_backend  # noqa: E402
 

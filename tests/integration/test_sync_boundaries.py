@@ -22,7 +22,6 @@ from typing import Any, Callable, NamedTuple
 
 import pytest
 
-pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from lapidus.events import Event, to_record
 from lapidus.sinks.base import Delivery
@@ -31,7 +30,6 @@ from tests.integration.conftest import pg_backend
 from tests.integration.sync_fixtures import (LoadThread, running, sync_plugin,
                                              transactions_on, until)
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,6 @@ import os
 
 import pytest
 
-pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import pg_backend
 from tests.integration.sync_fixtures import (FILL, TYPED, Writer,
@@ -33,7 +32,6 @@ from tests.integration.sync_fixtures import (FILL, TYPED, Writer,
                                              kill_during_load, running, snapshot_done,
                                              transactions_on, until)
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,6 @@ import signal
 
 import pytest
 
-pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.snapshot_helpers import WIDE_ROWS_WINDOW, kill_worker_mid_snapshot
 from tests.integration.sync_fixtures import (TRIGGER, LoadThread,
@@ -31,7 +30,6 @@ from tests.integration.sync_fixtures import (TRIGGER, LoadThread,
                                              held, kill_during_load, running, snapshot_done,
                                              sync_plugin, until)
 
-pytest.register_assert_rewrite("tests.integration.mysql_fixtures")
 pytest_plugins = ["tests.integration.mysql_fixtures", "tests.integration.sync_fixtures"]
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,6 @@ import json
 
 import pytest
 
-pytest.register_assert_rewrite("tests.integration.sync_fixtures")
 
 from tests.integration.conftest import ctl, pg_backend
 from tests.integration.snapshot_helpers import WIDE_ROWS_WINDOW, kill_worker_mid_snapshot
