@@ -37,6 +37,9 @@ class WorkerForks:
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(server_preload(backend_types))
         self.log = log
+        # the server last found; looked for again (a scan of all processes) only once it is
+        # gone, not at every worker start
+        self._server: Optional[psutil.Process] = None
 
     def start(self, handle: ChildHandle, args: tuple) -> bool:
         """STOPPED/BACKOFF -> STARTING; False, the handle in BACKOFF as after a crash, when
@@ -57,7 +60,9 @@ class WorkerForks:
         and can report no worker's exit (called before a start, when a worker's status pipe
         closes, and when a worker is killed): kill it (its workers die with it and are restarted
         like after a crash, not counted as one), so that a new one is started."""
-        server = _server()
+        server = self._server
+        if server is None or not server.is_running():
+            server = self._server = _server()
         if server is None:
             return
         try:
