@@ -154,27 +154,40 @@ class LapidusProcess:
         except psutil.NoSuchProcess:
             return []
 
-    def worker_pid(self, backend: str) -> int:
+    def child_pid(self, name: str, what: str) -> int:
+        """The pid of the descendant process called ``name`` (of which the kernel keeps 15
+        characters), once there is one."""
         def find():
             for child in self.children():
                 try:
-                    if child.name() == f"lapidus:{backend}"[:15]:
+                    if child.name() == name[:15]:
                         return child.pid
                 except psutil.NoSuchProcess:
                     pass
             return None
-        return wait_until(find, 20, message=f"worker process of {backend}")
+        return wait_until(find, 20, message=what)
+
+    def worker_pid(self, backend: str) -> int:
+        return self.child_pid(f"lapidus:{backend}", f"worker process of {backend}")
 
     def recvlogical_pid(self) -> int:
-        def find():
-            for child in self.children():
-                try:
-                    if child.name() == "pg_recvlogical":
-                        return child.pid
-                except psutil.NoSuchProcess:
-                    pass
-            return None
-        return wait_until(find, 20, message="pg_recvlogical process")
+        return self.child_pid("pg_recvlogical", "pg_recvlogical process")
+
+    def dispatcher_pid(self) -> int:
+        return self.child_pid("lapidus:dispatch", "the dispatcher process")
+
+    def wait_streaming(self, backends: int) -> "LapidusProcess":
+        """Until ``backends`` backends logged that they stream; the log's tail is printed when
+        lapidus exits first or they do not get there."""
+        try:
+            wait_until(lambda: self.log().count('"streaming"') >= backends
+                       or self.proc.poll() is not None, 30,
+                       message=f"{backends} backend(s) streaming")
+            assert self.proc.poll() is None, "lapidus exited"
+        except BaseException:
+            print(self.log()[-5000:])
+            raise
+        return self
 
     # -- stopping -----------------------------------------------------------------------
 

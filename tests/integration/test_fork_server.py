@@ -11,7 +11,7 @@ import psutil
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend, running
-from tests.integration.test_supervisor_lifecycle import dispatcher_pid, ids_of, replaced
+from tests.integration.test_supervisor_lifecycle import ids_of, replaced
 
 
 def fork_server(proc) -> psutil.Process:
@@ -48,7 +48,7 @@ def test_workers_are_forked_by_the_fork_server_and_carry_no_asyncio(lapidus_fact
     assert worker.ppid() == server.pid and server.ppid() == proc.proc.pid
     # asyncio's C part is mapped by the process that imports asyncio: the dispatcher does,
     # a worker and the supervisor (structlog's import of it deferred) do not
-    assert "/_asyncio." in mapped_files(dispatcher_pid(proc))
+    assert "/_asyncio." in mapped_files(proc.dispatcher_pid())
     assert "/_asyncio." not in mapped_files(worker.pid)
     assert "/_asyncio." not in mapped_files(proc.proc.pid)
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from lapidus.sinks.mqtt.topics import decode_key, decode_level
@@ -36,17 +35,7 @@ pytestmark = pytest.mark.integration
 
 def start(lapidus_factory, backends, plugin: dict, wait_streaming=True):
     proc = lapidus_factory({"backends": backends, "plugins": {"mqtt": plugin}})
-    if not wait_streaming:
-        return proc
-    try:
-        wait_until(lambda: proc.log().count('"streaming"') >= len(backends)
-                   or proc.proc.poll() is not None, 30,
-                   message=f"{len(backends)} backend(s) streaming")
-        assert proc.proc.poll() is None, "lapidus exited"
-    except BaseException:
-        print(proc.log()[-5000:])
-        raise
-    return proc
+    return proc.wait_streaming(len(backends)) if wait_streaming else proc
 
 
 def sinks_of(proc) -> dict:
@@ -105,18 +94,6 @@ def test_awkward_keys_become_escaped_levels(lapidus_factory, pg_db, broker, subs
             str(v) for v in message.event["pk"].values())
 
 
-def dispatcher_pid(proc):
-    def find():
-        for child in proc.children():
-            try:
-                if child.name() == "lapidus:dispatch"[:15]:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                pass
-        return None
-    return wait_until(find, 20, message="the dispatcher process")
-
-
 def test_broker_outage_then_kill_9_of_the_dispatcher_mid_load_lose_nothing(
         lapidus_factory, pg_db, sql, broker, subscribe):
     """The broker stops (TERM: it saves its persistence file) while both backends stream,
@@ -144,9 +121,9 @@ def test_broker_outage_then_kill_9_of_the_dispatcher_mid_load_lose_nothing(
     wait_until(lambda: all(s.get("connected") for s in sinks_of(proc).values()), 15,
                message="mqtt up again in lapidusctl status")
     at_kill = len(sub.seen())
-    victim = dispatcher_pid(proc)
+    victim = proc.dispatcher_pid()
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: dispatcher_pid(proc) != victim, 30, message="a new dispatcher")
+    wait_until(lambda: proc.dispatcher_pid() != victim, 30, message="a new dispatcher")
     for load in loads:
         finish(load)
     seen = sub.wait_distinct(2 * expected_count(), 60)

@@ -27,7 +27,6 @@ from tests.integration.conftest import backend_status, pg_backend
 from tests.integration.rabbitmq_fixtures import (URL, close_connections_of, consume,
                                                  rabbit_exchange)
 from tests.integration.test_redis_sink import EVENT_FIELDS, maria_load, pg_load
-from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, lapidus_backend  # noqa: E402
@@ -43,15 +42,7 @@ def plugin(exchange: str, **extra) -> dict:
 
 def _launch(lapidus_factory, backends, options: dict, **config):
     proc = lapidus_factory({"backends": backends, "plugins": options, **config})
-    try:
-        wait_until(lambda: proc.log().count('"streaming"') >= len(backends)
-                   or proc.proc.poll() is not None, 30,
-                   message=f"{len(backends)} backend(s) streaming")
-        assert proc.proc.poll() is None, "lapidus exited"
-    except BaseException:
-        print(proc.log()[-5000:])
-        raise
-    return proc
+    return proc.wait_streaming(len(backends))
 
 
 def check_messages(seen, backend: str, schema: str, rows: int, repeats_allowed: bool) -> None:
@@ -164,7 +155,7 @@ def test_kill_9_of_the_dispatcher_mid_load_leaves_every_row(lapidus_factory, pg_
                    supervisor={"backoff_initial": 0.1, "max_restarts": 20})
     loader = pg_load(pg_db.name, rows, per_tx=50, updates=False)
     wait_until(lambda: len(consumer.seen()) >= rows // 4, 60, message="a quarter published")
-    os.kill(dispatcher_pid(proc), signal.SIGKILL)
+    os.kill(proc.dispatcher_pid(), signal.SIGKILL)
     loader.join(60)
     seen = consumer.wait_unique(rows)
     keys = {json.loads(m.body)["pk"]["id"] for m in seen}

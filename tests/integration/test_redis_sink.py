@@ -25,7 +25,6 @@ from tests.integration.conftest import backend_status, pg_backend, pg_connect
 from tests.integration.redis_fixtures import (URL, entries, free_port, private_redis,
                                               redis_prefix, stream_length, wait_length)
 from tests.integration.test_metrics import get, samples
-from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, lapidus_backend, root_connection  # noqa
@@ -38,15 +37,7 @@ EVENT_FIELDS = ["id", "type", "backend", "schema", "table", "pk", "item", "befor
 
 def start(lapidus_factory, backends, plugin: dict, **config):
     proc = lapidus_factory({"backends": backends, "plugins": {"redis": plugin}, **config})
-    try:
-        wait_until(lambda: proc.log().count('"streaming"') >= len(backends)
-                   or proc.proc.poll() is not None, 30,
-                   message=f"{len(backends)} backend(s) streaming")
-        assert proc.proc.poll() is None, "lapidus exited"
-    except BaseException:
-        print(proc.log()[-5000:])
-        raise
-    return proc
+    return proc.wait_streaming(len(backends))
 
 
 def pg_load(database: str, rows: int, per_tx: int, updates: bool = True) -> threading.Thread:
@@ -208,7 +199,7 @@ def test_kill_9_of_the_dispatcher_mid_load_leaves_every_row_once(lapidus_factory
                  supervisor={"backoff_initial": 0.1, "max_restarts": 20})
     loader = pg_load(pg_db.name, rows, per_tx=50, updates=False)
     wait_until(lambda: stream_length(stream) >= rows // 4, 60, message="a quarter added")
-    os.kill(dispatcher_pid(proc), signal.SIGKILL)
+    os.kill(proc.dispatcher_pid(), signal.SIGKILL)
     loader.join(60)
     wait_length(stream, rows, timeout=60)
     seen = entries(stream)

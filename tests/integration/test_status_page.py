@@ -30,7 +30,6 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 from tests.integration.test_metrics import free_port, get
 
 pytest_plugins = ["tests.integration.mysql_fixtures"]
@@ -273,7 +272,7 @@ def test_the_tail_comes_back_after_a_kill_9_of_the_dispatcher(lapidus_factory, p
         pg_db.sql("INSERT INTO marker VALUES (1)")
         page.until("() => document.querySelectorAll('#tail li').length === 1")
 
-        os.kill(dispatcher_pid(proc), signal.SIGKILL)
+        os.kill(proc.dispatcher_pid(), signal.SIGKILL)
         wait_until(lambda: json.loads(get(base + "/status.json")[1])["dispatcher"].get(
             "restarts", 0) >= 1 and running(base, ["shop"]), 60,
             message="the dispatcher restarted and shop streaming again")

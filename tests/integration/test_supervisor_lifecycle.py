@@ -35,17 +35,6 @@ def replaced(path, name, old_pid):
     return row if row and row["pid"] != old_pid else None
 
 
-def dispatcher_pid(proc) -> int:
-    def find():
-        for child in proc.children():
-            try:
-                if child.name() == "lapidus:dispatch"[:15]:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                pass
-        return None
-    return wait_until(find, 20, message="the dispatcher process")
-
 
 def test_a_frozen_worker_is_killed_and_replaced_and_nothing_is_lost(lapidus_factory, pg_db):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY)")
@@ -126,7 +115,7 @@ def test_reload_that_changes_a_global_plugin_option_keeps_every_backend_streamin
     proc = lapidus_factory(config)
     path = proc.config_path
     first = wait_until(lambda: running(path, "pg"), 30)
-    dispatcher = dispatcher_pid(proc)
+    dispatcher = proc.dispatcher_pid()
     pg_db.sql("INSERT INTO t VALUES (1)")
     wait_until(lambda: first_file.exists() and first_file.read_text().count("\n") == 1, 30)
 
@@ -138,7 +127,7 @@ def test_reload_that_changes_a_global_plugin_option_keeps_every_backend_streamin
     pg_db.sql("INSERT INTO t VALUES (2)")
     wait_until(lambda: second_file.exists() and '"id":2' in second_file.read_text(), 30,
                message=f"row 2 in the new command's file; log:\n{proc.log()[-3000:]}")
-    assert dispatcher_pid(proc) == dispatcher       # no dispatcher restart was needed
+    assert proc.dispatcher_pid() == dispatcher       # no dispatcher restart was needed
     assert running(path, "pg")
 
 
@@ -150,9 +139,9 @@ def test_a_dispatcher_that_keeps_dying_backs_off_and_no_backend_goes_fatal(
     path = proc.config_path
     wait_until(lambda: running(path, "pg"), 30)
     for n in range(6):   # more deaths than max_restarts allows a worker
-        victim = dispatcher_pid(proc)
+        victim = proc.dispatcher_pid()
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: dispatcher_pid(proc) != victim, 30)
+        wait_until(lambda: proc.dispatcher_pid() != victim, 30)
     pg_db.sql("INSERT INTO t VALUES (1)")
     row = wait_until(lambda: running(path, "pg"), 60,
                      message=f"pg running again; log:\n{proc.log()[-3000:]}")

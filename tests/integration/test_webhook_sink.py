@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from tests.conftest import wait_until
@@ -38,15 +37,7 @@ SECRET = "s3cret-of-the-test"
 
 def start(lapidus_factory, backends, plugin: dict, **config):
     proc = lapidus_factory({"backends": backends, "plugins": {"webhook": plugin}, **config})
-    try:
-        wait_until(lambda: proc.log().count('"streaming"') >= len(backends)
-                   or proc.proc.poll() is not None, 30,
-                   message=f"{len(backends)} backend(s) streaming")
-        assert proc.proc.poll() is None, "lapidus exited"
-    except BaseException:
-        print(proc.log()[-5000:])
-        raise
-    return proc
+    return proc.wait_streaming(len(backends))
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,17 +222,6 @@ def test_a_server_certificate_of_another_ca_is_one_clear_error_and_nothing_is_se
     assert webhook.events() == []
 
 
-def dispatcher_pid(proc):
-    def find():
-        for child in proc.children():
-            try:
-                if child.name() == "lapidus:dispatch"[:15]:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                pass
-        return None
-    return wait_until(find, 20, message="the dispatcher process")
-
 
 def test_kill_9_of_the_dispatcher_mid_load_loses_no_row(lapidus_factory, pg_db, sql, receiver):
     webhook = receiver(secret=SECRET)
@@ -254,9 +234,9 @@ def test_kill_9_of_the_dispatcher_mid_load_loses_no_row(lapidus_factory, pg_db, 
     wait_until(lambda: all(sum(1 for e in webhook.events() if e["backend"] == name) >= 1500
                            for name in ("pg", "crm")), 30,
                message="1500 events of each backend before the kill")
-    victim = dispatcher_pid(proc)
+    victim = proc.dispatcher_pid()
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: dispatcher_pid(proc) != victim, 30, message="a new dispatcher")
+    wait_until(lambda: proc.dispatcher_pid() != victim, 30, message="a new dispatcher")
     for load in loads:
         finish(load)
     wait_until(lambda: len({e["id"] for e in webhook.events()}) >= 2 * expected_count(), 60,

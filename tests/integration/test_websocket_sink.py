@@ -20,7 +20,6 @@ from websockets.exceptions import InvalidStatus
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, pg_connect, status
 from tests.integration.sink_loads import expected_count, finish, pg_load
-from tests.integration.test_supervisor_lifecycle import dispatcher_pid
 from tests.integration.websocket_fixtures import client_loop, free_port
 
 __all__ = ["client_loop"]      # a fixture, imported for pytest
@@ -288,7 +287,7 @@ def test_kill_9_of_the_dispatcher_mid_load_a_resuming_client_gets_a_gap_never_a_
     first = client_loop.connect(url(port), AUTH)
     load = pg_load(pg_db.name)
     first.wait_frames(2000)
-    victim = dispatcher_pid(proc)
+    victim = proc.dispatcher_pid()
     os.kill(victim, signal.SIGKILL)
     assert first.ended.wait(15)                       # the connection went with it
     wait_until(lambda: proc.log().count("websocket listener ready") >= 2, 30,
