@@ -76,6 +76,7 @@ def slots_command(args) -> int:
     """``slots`` and ``drop-slot`` talk to the databases, not to the supervisor."""
     from .config import ConfigError, load_config
     from .slots import drop_slot, list_slots
+    from .workers.base import BackendError
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -112,7 +113,10 @@ def slots_command(args) -> int:
     except (LookupError, RuntimeError) as exc:
         print(f"lapidusctl: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except Exception as exc:  # connection problems: say which and why, no traceback
+    except BackendError as exc:  # cannot connect: the backend, the reason and the fix
+        print(f"lapidusctl: {exc.for_one_attempt()}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except Exception as exc:  # a query failed: say which and why, no traceback
         print(f"lapidusctl: {type(exc).__name__}: {str(exc).strip()}", file=sys.stderr)
         return EXIT_UNREACHABLE
 

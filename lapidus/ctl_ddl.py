@@ -61,7 +61,7 @@ def _run(backend, sql: str, uninstall: bool) -> int:
     try:
         conn = connect(backend.options, backend.name, "lapidusctl")
     except BackendError as exc:
-        print(f"lapidusctl: {exc}", file=sys.stderr)
+        print(f"lapidusctl: {exc.for_one_attempt()}", file=sys.stderr)
         return exitcodes.REFUSED
     try:
         with conn.cursor() as cur:

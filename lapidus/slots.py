@@ -21,27 +21,22 @@ def _server_key(options: dict) -> Tuple[str, int]:
     return (options.get("host") or "127.0.0.1", int(options.get("port") or 5432))
 
 
-def _connect(options: dict):
-    import psycopg2
-    kwargs = dict(host=options.get("host") or "127.0.0.1", port=options.get("port") or 5432,
-                  user=options.get("user") or "postgres", dbname=options["database"],
-                  connect_timeout=options.get("connect_timeout") or 10,
-                  application_name="lapidusctl")
-    if options.get("password"):
-        kwargs["password"] = str(options["password"])
-    if options.get("passfile"):
-        kwargs["passfile"] = str(options["passfile"])
-    conn = psycopg2.connect(**kwargs)
-    conn.autocommit = True
-    return conn
+def _connect(backend: str, options: dict):
+    """The worker's own connection (:func:`lapidus.workers.postgresql.catalog.connect`): the
+    backend's TLS settings and password file apply (a ``sslmode = "verify-full"`` backend is
+    never listed over a plain connection), and a failure is a
+    :class:`~lapidus.workers.base.BackendError` naming the backend and the fix."""
+    from .workers.postgresql.catalog import connect
+    return connect(options, backend, "lapidusctl")
 
 
-def servers(config) -> Dict[Tuple[str, int], dict]:
-    """One backend's options per PostgreSQL server (host, port), to connect with."""
-    out: Dict[Tuple[str, int], dict] = {}
+def servers(config) -> Dict[Tuple[str, int], Tuple[str, dict]]:
+    """The first backend's name and options per PostgreSQL server (host, port), to connect
+    with."""
+    out: Dict[Tuple[str, int], Tuple[str, dict]] = {}
     for backend in config.backends:
         if backend.type == "postgresql":
-            out.setdefault(_server_key(backend.options), backend.options)
+            out.setdefault(_server_key(backend.options), (backend.name, backend.options))
     return out
 
 
@@ -50,8 +45,8 @@ def list_slots(config) -> List[dict]:
     used = {(_server_key(b.options), b.options.get("slot")): b.name
             for b in config.backends if b.type == "postgresql"}
     rows = []
-    for key, options in servers(config).items():
-        conn = _connect(options)
+    for key, (backend_name, options) in servers(config).items():
+        conn = _connect(backend_name, options)
         try:
             with conn.cursor() as cur:
                 cur.execute(SLOT_QUERY)
@@ -78,9 +73,9 @@ def drop_slot(config, name: str) -> str:
             raise RuntimeError(
                 f'slot "{name}" on {row["server"]} is in use by server process '
                 f'{row["active_pid"]}; stop the Lapidus (or backend) streaming it first')
-        options = next(o for k, o in servers(config).items()
-                       if f"{k[0]}:{k[1]}" == row["server"])
-        conn = _connect(options)
+        backend_name, options = next(v for k, v in servers(config).items()
+                                     if f"{k[0]}:{k[1]}" == row["server"])
+        conn = _connect(backend_name, options)
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))

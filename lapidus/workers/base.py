@@ -39,6 +39,16 @@ class BackendError(Exception):
         super().__init__(message)
         self.fatal = fatal
 
+    def for_one_attempt(self) -> str:
+        """The message for a program that tries once (``lapidusctl``), without the worker's
+        closing "(retrying)"."""
+        text = str(self)
+        return text[:-len(RETRYING)] if text.endswith(RETRYING) else text
+
+
+#: how a transient problem's message ends: the worker waits and tries again
+RETRYING = " (retrying)"
+
 
 @dataclass
 class Batch:

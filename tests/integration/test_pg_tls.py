@@ -10,6 +10,7 @@ that still name existing files, so the server can still start.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
 import shutil
@@ -20,7 +21,7 @@ import psycopg2
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import PG, pg_backend, pg_connect
+from tests.integration.conftest import PG, ctl, pg_backend, pg_connect
 from tests.integration.tls_fixtures import make_pki
 
 pytestmark = pytest.mark.integration
@@ -105,6 +106,10 @@ def test_worker_and_pg_recvlogical_use_tls_with_the_configured_ca(
             lambda: (lambda rows: rows if any(t == "walsender" for t, _ in rows) else None)(
                 connections_of(pg_db)), 20, message="pg_recvlogical's walsender")
         assert connections and all(ssl for _, ssl in connections), connections
+        # lapidusctl slots connects with the backend's TLS settings too
+        code, out, err = ctl(proc.config_path, "slots", "--json")
+        assert code == 0, err
+        assert f"{pg_db.name}_pg" in {row["slot"] for row in json.loads(out)}
 
 
 def test_a_server_certificate_from_another_ca_is_a_clear_fatal(lapidus_factory, pg_db, tmp_path):
@@ -126,6 +131,22 @@ def test_a_missing_certificate_file_is_a_clear_fatal(lapidus_factory, pg_db, tmp
     log = proc.log()
     assert f"sslrootcert file {tmp_path / 'missing-ca.pem'} does not exist" in log, log[-2000:]
     assert "Traceback" not in log
+
+
+def test_lapidusctl_slots_never_falls_back_to_a_plain_connection(pg_db, tmp_path):
+    """sslmode = "verify-full" holds for lapidusctl's own connections: against a server
+    without TLS, slots and drop-slot refuse with the reason instead of listing in plain text."""
+    if tls_connects():
+        pytest.skip("the server has TLS on right now")
+    pki = make_pki(tmp_path / "pki")
+    path = tmp_path / "lapidus.json"
+    path.write_text(json.dumps({"state_dir": str(tmp_path / "state"), "backends": [pg_backend(
+        pg_db, sslmode="verify-full", sslrootcert=str(pki.ca))], "plugins": {"stdout": {}}}))
+    for args in (("slots",), ("drop-slot", "lapidus_any", "--yes")):
+        code, out, err = ctl(path, *args)
+        assert (code, out) == (3, ""), (code, out, err)
+        assert err.startswith('lapidusctl: backend "pg": ') and "does not offer TLS" in err, err
+        assert "retrying" not in err and "Traceback" not in err
 
 
 def test_verification_against_a_server_without_tls_is_a_clear_fatal(

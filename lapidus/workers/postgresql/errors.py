@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..base import RECOVER_LOST_POSITION, BackendError
+from ..base import RECOVER_LOST_POSITION, RETRYING, BackendError
 
 _ROLE_MISSING = re.compile(r'role "([^"]*)" does not exist')
 _DATABASE_MISSING = re.compile(r'database "([^"]*)" does not exist')
@@ -127,7 +127,7 @@ def connection_error(exc: BaseException, options: dict, backend: str) -> Backend
     first = _first_line(text) if text else type(exc).__name__
     return BackendError(
         f'backend "{backend}": cannot reach PostgreSQL at {_where(options)}: {first}; '
-        f"{_transient_hint(text.lower())} (retrying)")
+        f"{_transient_hint(text.lower())}{RETRYING}")
 
 
 def query_error(exc: BaseException, options: dict, backend: str, doing: str) -> BackendError:
