@@ -179,6 +179,13 @@ def parse_into(cls: Any, options: Mapping[str, Any], validate: Any, plugin: str,
     return cls(**values)
 
 
+def start_without_extra(sink: str, exc: ImportError) -> str:
+    """Why sink ``sink`` cannot start when its client library fails to import: the import
+    error, and the ``pip install`` line of its extra (named as the sink)."""
+    return (f"{sink} sink cannot start: {exc}. Fix: pip install 'lapidus[{sink}]' into "
+            f"Lapidus's environment")
+
+
 def missing_extra(module: str, package: str, extra: str) -> Problems:
     """The problem of a client library that is not installed, naming the extra."""
     if importlib.util.find_spec(module) is None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from ... import logs
 from ...events import Record
 from ..base import Sink, SinkError, UndeliverableError
+from ..optionkit import start_without_extra
 from .options import RabbitOptions, validate
 
 if TYPE_CHECKING:       # aiormq is imported lazily: validation must work without it
@@ -53,8 +54,7 @@ class RabbitmqSink(Sink):
             from .connection import Connection
             from .messages import MessageBuilder
         except ImportError as exc:
-            self._start_error = (f"rabbitmq sink cannot start: {exc}. Fix: pip install "
-                                 f"'lapidus[rabbitmq]' into Lapidus's environment")
+            self._start_error = start_without_extra("rabbitmq", exc)
             raise SinkError(self._start_error) from None
         self.messages = MessageBuilder(self.backend)
         self.connection = Connection(self.settings, self.backend, self.log)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 from ... import logs
 from ...events import Record
 from ..base import Sink, SinkError, UndeliverableError
+from ..optionkit import start_without_extra
 from .entries import Entry, EntryBuilder
 from .options import RedisOptions, validate
 from .resume import SCAN_BACK, Skipper, newest_of
@@ -57,8 +58,7 @@ class RedisSink(Sink):
         try:
             from .connection import Connection
         except ImportError as exc:
-            self._start_error = (f"redis sink cannot start: {exc}. Fix: pip install "
-                                 f"'lapidus[redis]' into Lapidus's environment")
+            self._start_error = start_without_extra("redis", exc)
             raise SinkError(self._start_error) from None
         self.connection = Connection(self.settings, self.backend, self.log)
         self.connection.start()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
 from ...events import Record
 from ..base import Sink, SinkError
+from ..optionkit import start_without_extra
 from ..subjects import SubjectBuilder
 from .options import WebsocketOptions, validate
 from .replay import text_frame
@@ -51,8 +52,7 @@ class WebsocketSink(Sink):
             try:
                 from .server import hub_for
             except ImportError as exc:
-                self._start_error = (f"websocket sink cannot start: {exc}. Fix: pip install "
-                                     f"'lapidus[websocket]' into Lapidus's environment")
+                self._start_error = start_without_extra("websocket", exc)
                 raise SinkError(self._start_error) from None
             self.hub = hub_for(self.settings, self.backend)
         try:
