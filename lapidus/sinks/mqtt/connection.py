@@ -36,7 +36,6 @@ from typing import Any, Dict, NamedTuple, Optional
 
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
-import paho.mqtt.client as paho
 
 from ...backoff import Backoff
 from ..base import SinkError
