@@ -87,7 +87,7 @@ def describe_tls_failure(settings, exc: BaseException) -> Optional[BackendError]
         reason = original.verify_message or str(original)
         if "hostname" in reason.lower() or "ip address mismatch" in reason.lower():
             fix = ("connect with the host name the certificate names, or set "
-                   f'ssl_verify = "ca" to check the chain only')
+                   'ssl_verify = "ca" to check the chain only')
         else:
             fix = ("set ssl_ca to the CA that signed the server's certificate "
                    "(SHOW VARIABLES LIKE 'ssl_cert' on the server shows its file)")
