@@ -72,6 +72,17 @@ def human_bytes(value) -> str:
     return str(value)
 
 
+def print_slots(rows) -> None:
+    table = [("slot", "backend", "server", "active", "wal_status", "retained WAL")]
+    for r in rows:
+        table.append((r["slot"], r["backend"] or "(abandoned)", r["server"],
+                      "yes" if r["active"] else "no", str(r["wal_status"]),
+                      human_bytes(r["retained_wal_bytes"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
 def slots_command(args) -> int:
     """``slots`` and ``drop-slot`` talk to the databases, not to the supervisor."""
     from .config import ConfigError, load_config
@@ -84,19 +95,16 @@ def slots_command(args) -> int:
         return EXIT_USAGE
     try:
         if args.command == "slots":
-            rows = list_slots(config)
+            unreachable: list = []
+            rows = list_slots(config, unreachable)
             if args.json:
                 print(json.dumps(rows, indent=2))
-                return EXIT_OK
-            table = [("slot", "backend", "server", "active", "wal_status", "retained WAL")]
-            for r in rows:
-                table.append((r["slot"], r["backend"] or "(abandoned)", r["server"],
-                              "yes" if r["active"] else "no", str(r["wal_status"]),
-                              human_bytes(r["retained_wal_bytes"])))
-            widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-            for row in table:
-                print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-            return EXIT_OK
+            else:
+                print_slots(rows)
+            # the servers that answered are listed; then why the others are not (exit 3)
+            for exc in unreachable:
+                print(f"lapidusctl: {exc.for_one_attempt()}", file=sys.stderr)
+            return EXIT_UNREACHABLE if unreachable else EXIT_OK
         if not args.yes:
             if not sys.stdin.isatty():
                 print("lapidusctl: drop-slot asks for confirmation; give --yes to run it "

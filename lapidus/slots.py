@@ -8,7 +8,9 @@ A slot counts as Lapidus's when a configured backend uses it, or when its name s
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from .workers.base import BackendError
 
 SLOT_QUERY = (
     "SELECT slot_name, plugin, database, active, active_pid, wal_status, "
@@ -40,13 +42,23 @@ def servers(config) -> Dict[Tuple[str, int], Tuple[str, dict]]:
     return out
 
 
-def list_slots(config) -> List[dict]:
-    """Lapidus's slots on every configured PostgreSQL server, with their retained WAL."""
+def list_slots(config, unreachable: Optional[List["BackendError"]] = None) -> List[dict]:
+    """Lapidus's slots on every configured PostgreSQL server, with their retained WAL.
+
+    A server that cannot be reached raises its :class:`~lapidus.workers.base.BackendError`;
+    with ``unreachable`` (a list), the error is added to it instead and the other servers are
+    still listed."""
     used = {(_server_key(b.options), b.options.get("slot")): b.name
             for b in config.backends if b.type == "postgresql"}
     rows = []
     for key, (backend_name, options) in servers(config).items():
-        conn = _connect(backend_name, options)
+        try:
+            conn = _connect(backend_name, options)
+        except BackendError as exc:
+            if unreachable is None:
+                raise
+            unreachable.append(exc)
+            continue
         try:
             with conn.cursor() as cur:
                 cur.execute(SLOT_QUERY)
@@ -65,8 +77,10 @@ def list_slots(config) -> List[dict]:
 
 
 def drop_slot(config, name: str) -> str:
-    """Drop slot ``name``; refuses an active slot.  Returns the server it was dropped on."""
-    for row in list_slots(config):
+    """Drop slot ``name``; refuses an active slot.  Returns the server it was dropped on.
+    A slot found on a server that answers is dropped even when another server does not."""
+    unreachable: List[BackendError] = []
+    for row in list_slots(config, unreachable):
         if row["slot"] != name:
             continue
         if row["active"]:
@@ -82,5 +96,7 @@ def drop_slot(config, name: str) -> str:
         finally:
             conn.close()
         return row["server"]
+    if unreachable:
+        raise unreachable[0]      # it may be there: say why it could not be looked at
     raise LookupError(f'no Lapidus slot named "{name}" on the configured PostgreSQL servers '
                       f"(see lapidusctl slots)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 
 from tests.conftest import wait_until
@@ -124,3 +125,28 @@ def test_slots_lists_ours_and_drop_slot_removes_an_abandoned_one(lapidus_factory
     assert pg_db.slot(abandoned) is None
     code, _, err = ctl(path, "drop-slot", "lapidus_no_such_slot", "--yes")
     assert code == 1 and "no Lapidus slot" in err
+
+
+def test_slots_lists_the_servers_that_answer_and_names_the_one_that_does_not(pg_db, tmp_path):
+    ours = f"lapidus_{pg_db.name}_left"
+    pg_db.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", args=(ours,))
+    with socket.socket() as closed:          # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    path = tmp_path / "lapidus.json"
+    path.write_text(json.dumps({"state_dir": str(tmp_path / "state"), "backends": [
+        pg_backend(pg_db), pg_backend(pg_db, name="gone", port=port, connect_timeout=3)],
+        "plugins": {"stdout": {}}}))
+    code, out, err = ctl(path, "slots", "--json")
+    assert code == 3
+    assert ours in {row["slot"] for row in json.loads(out)}
+    assert err == (f'lapidusctl: backend "gone": cannot reach PostgreSQL at 127.0.0.1:{port}: '
+                   f"Connection refused; check that the server runs and the host and port "
+                   f"are right\n")
+    # a slot on the server that answers is dropped; one that is not found there may be on
+    # the other: the answer says why that one could not be looked at
+    code, _, err = ctl(path, "drop-slot", ours, "--yes")
+    assert code == 0, err
+    assert pg_db.slot(ours) is None
+    code, _, err = ctl(path, "drop-slot", ours, "--yes")
+    assert code == 3 and 'backend "gone": cannot reach PostgreSQL' in err
