@@ -493,6 +493,33 @@ def _fork_server_pid() -> Optional[int]:
     return forkserver.SERVER_PID if forkserver.SERVER_PID != os.getpid() else None
 
 
+def _let_go_of_the_fork_servers_pipes() -> None:
+    """Close this worker's copies of the write ends of the fork server's "alive" pipe and of
+    the resource tracker's pipe.
+
+    multiprocessing hands them to every process its fork server starts, so that such a
+    process could start others in turn; a worker never does.  The server exits once every
+    copy is closed: a worker holding one kept the server (and so itself, which dies with the
+    server) alive after a kill -9 of the supervisor until the worker noticed by itself that
+    the supervisor was gone, seconds later under load.  Private attributes of multiprocessing
+    (CPython 3.8 to 3.13 set them in ``forkserver._serve_one``); where they are missing the
+    worker only keeps the pipes, as before."""
+    try:
+        from multiprocessing import forkserver, resource_tracker
+        holders = ((forkserver._forkserver, "_forkserver_alive_fd"),
+                   (resource_tracker._resource_tracker, "_fd"))
+    except (ImportError, AttributeError):
+        return
+    for holder, name in holders:
+        fd = getattr(holder, name, None)
+        if isinstance(fd, int):
+            setattr(holder, name, None)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
                 heartbeat_timeout: float, lease, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
@@ -504,6 +531,8 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
     die_with_parent(signal.SIGKILL, _fork_server_pid())
+    if _fork_server_pid() is not None:
+        _let_go_of_the_fork_servers_pipes()
     set_process_name(f"lapidus:{backend.name}")
     tune_gc_for_throughput()
     logs.configure(log_format, log_level, process="worker")

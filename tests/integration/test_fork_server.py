@@ -105,3 +105,21 @@ def test_a_worker_killed_under_a_frozen_fork_server_is_replaced_without_waiting_
             os.kill(server.pid, signal.SIGCONT)
     assert "no heartbeat" not in proc.log() and "fork server is stopped" in proc.log()
     assert set(ids_of(proc.wait_events(2))) == {1, 2}
+
+
+def test_a_kill_9_of_the_supervisor_ends_the_fork_server_and_a_frozen_worker(
+        lapidus_factory, pg_db):
+    """The server exits once nothing holds its "alive" pipe: the supervisor and the processes
+    forked from it.  A worker lets go of its copy at start, so even a worker that cannot
+    notice anything (frozen) goes with the server (PR_SET_PDEATHSIG: SIGKILL), with its
+    pg_recvlogical, and the slot is free again."""
+    proc, first = streaming_pg(lapidus_factory, pg_db)
+    worker = psutil.Process(first["pid"])
+    left = [fork_server(proc), worker, psutil.Process(proc.recvlogical_pid())]
+    worker.send_signal(signal.SIGSTOP)
+    proc.kill()
+    gone, alive = psutil.wait_procs(left, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]   # dead, not yet reaped
+    assert not alive, f"left behind after kill -9 of the supervisor: {alive}"
+    wait_until(lambda: pg_db.slot(f"{pg_db.name}_pg")[0] is False, 10,
+               message="the slot free again")
