@@ -93,12 +93,15 @@ FILL = """INSERT INTO t SELECT g, 'r' || g, g * 1000000.123456789, decode(md5(g:
 
 class LoadThread(threading.Thread):
     """Writes on a source (its own connection) until stopped; ``stop()`` fails the test with
-    the writer's error, if it had one.  Subclasses write one step in ``step(cur)``."""
+    the writer's error, if it had one.  Subclasses write one step in ``step(cur)``.  ``pause``
+    (seconds) paces the steps: a writer at full speed makes each snapshot chunk wait behind
+    hundreds of one-row transactions, which tests nothing more and takes minutes."""
 
-    def __init__(self, connect, seed):
+    def __init__(self, connect, seed, pause: float = 0.0):
         super().__init__(daemon=True)
         self.connect, self.random = connect, random.Random(seed)
         self.halt, self.done, self.error = threading.Event(), 0, None
+        self.pause = pause
         self.conn = None
 
     def run(self):
@@ -108,6 +111,8 @@ class LoadThread(threading.Thread):
                 while not self.halt.is_set():
                     self.step(cur)
                     self.done += 1
+                    if self.pause:
+                        self.halt.wait(self.pause)
         except Exception as exc:
             self.error = exc
         finally:
@@ -122,8 +127,8 @@ class LoadThread(threading.Thread):
 class Writer(LoadThread):
     """Random updates, deletes and inserts on :data:`TYPED`'s ``t`` (autocommit)."""
 
-    def __init__(self, db, top, seed=11):
-        super().__init__(lambda: pg_connect(db.name), seed)
+    def __init__(self, db, top, seed=11, pause=0.0):
+        super().__init__(lambda: pg_connect(db.name), seed, pause)
         self.top = top
 
     def step(self, cur):

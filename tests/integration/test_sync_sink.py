@@ -82,7 +82,7 @@ def test_kill_9_of_the_worker_mid_snapshot_still_gives_an_exact_replica(
         pg_db, target_db, lapidus_factory):
     pg_db.sql(TYPED, FILL.format(rows=20000))
     target_db.sql(TYPED)
-    writer = Writer(pg_db, 20000, seed=12)
+    writer = Writer(pg_db, 20000, seed=12, pause=0.005)     # a few hundred changes a second
     writer.start()
     try:
         proc = lapidus_factory({
@@ -94,6 +94,7 @@ def test_kill_9_of_the_worker_mid_snapshot_still_gives_an_exact_replica(
                                  finish_within=240)
     finally:
         writer.stop()
+    assert writer.done > 50                  # it really wrote while the chunks were held
     finish(proc, pg_db, target_db, "INSERT INTO t (id, version) VALUES (-1, 0)")
     assert rows(target_db) == rows(pg_db)
 
