@@ -42,11 +42,14 @@ def fold(events, table="t", key: Callable[[dict], object] = lambda pk: pk["id"])
 
 class ConcurrentWriter(threading.Thread):
     """Random inserts, updates and deletes until stopped, on a connection of its own:
-    subclasses give :meth:`connect` and :meth:`write` (one statement of the kind drawn)."""
+    subclasses give :meth:`connect` and :meth:`write` (one statement of the kind drawn).
+    ``pause`` (seconds) paces the writes, for tests whose sink pays for every change (a
+    JetStream cluster, a sync target) and would otherwise spend minutes behind the writer."""
 
-    def __init__(self, top: int, seed: int = 7):
+    def __init__(self, top: int, seed: int = 7, pause: float = 0.0):
         super().__init__(daemon=True)
         self.top, self.random = top, random.Random(seed)
+        self.pause = pause
         self.halt = threading.Event()
         self.done = 0
         self.error = None
@@ -72,6 +75,8 @@ class ConcurrentWriter(threading.Thread):
                 kind = "update" if draw < 0.5 else "delete" if draw < 0.75 else "insert"
                 self.write(cur, kind, i)
                 self.done += 1
+                if self.pause:
+                    self.halt.wait(self.pause)
         except Exception as exc:
             self.error = exc
         finally:

@@ -347,7 +347,7 @@ def test_a_pg_snapshot_killed_with_its_node_resumes_on_the_next_owner_and_folds(
     backends = [pg_backend(pg_db, name="pgc", decoder="pgoutput", snapshot="initial",
                            **MID_SNAPSHOT_WINDOW)]
     a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3)
-    writer = Writer(pg_db, 20_000, seed=13)
+    writer = Writer(pg_db, 20_000, seed=13, pause=0.005)    # a few hundred changes a second
     writer.start()
     try:
         wait_until(lambda: owner_of([a], "pgc") is a, 30, message="node a streaming pgc")
@@ -371,6 +371,7 @@ def test_a_pg_snapshot_killed_with_its_node_resumes_on_the_next_owner_and_folds(
             " ".join(psutil.Process(row["walstream_pid"]).cmdline())
     finally:
         writer.stop()
+    assert writer.done > 50                  # it really wrote while the chunks were held
     pg_db.sql("INSERT INTO t VALUES (-1, 'sentinel', 0)")
     wait_until(lambda: (last_event(urls, stream) or {}).get("pk") == {"id": -1}, 60,
                message="the sentinel, last in the stream")

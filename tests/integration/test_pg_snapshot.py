@@ -28,8 +28,8 @@ def table_content(db, table="t"):
 class Writer(ConcurrentWriter):
     """Random inserts, updates and deletes on ``t`` until stopped (its own connection)."""
 
-    def __init__(self, db, top: int, seed: int = 7):
-        super().__init__(top, seed)
+    def __init__(self, db, top: int, seed: int = 7, pause: float = 0.0):
+        super().__init__(top, seed, pause)
         self.db = db
 
     def connect(self):
