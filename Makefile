@@ -48,8 +48,9 @@ $(VENV_STAMP): pyproject.toml setup.py lapidus/buildinfo.py $(COMPILED) | $(VENV
 
 # setup before venv: with `make -j` the two could run side by side, but pip does not need
 # the servers and setup-local does not need the venv, so either order is correct.
+# --durations: the slowest tests end every run's output, so a suite that grows slow says where.
 test: setup venv
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 demo: setup venv
 	$(VENV)/bin/lapidus demo
