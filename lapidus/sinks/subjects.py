@@ -145,8 +145,10 @@ def check_subject_part(text: str, *, allow_empty: bool = False) -> Optional[str]
     return None
 
 
-def check_template(template: str) -> Optional[str]:
-    """Why ``template`` is not a usable ``subject_template``, or None."""
+def placeholders_problem(template: str, known: Sequence[str]) -> Optional[str]:
+    """Why ``template`` is not a ``str.format`` template over the plain placeholders
+    ``known`` (``{schema}``, no format spec, no conversion), or None.  Shared by the
+    templates of the sinks (a nats subject, a redis stream name)."""
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -154,11 +156,20 @@ def check_template(template: str) -> Optional[str]:
     for _, name, spec, conversion in fields:
         if name is None:
             continue
-        if name not in PLACEHOLDERS:
+        if name not in known:
             return (f"has an unknown placeholder {{{name}}} (known: "
-                    + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS) + ")")
+                    + ", ".join(f"{{{p}}}" for p in known) + ")")
         if spec or conversion:
             return f"placeholder {{{name}}} takes no format spec or conversion"
+    return None
+
+
+def check_template(template: str) -> Optional[str]:
+    """Why ``template`` is not a usable ``subject_template``, or None."""
+    problem = placeholders_problem(template, PLACEHOLDERS)
+    if problem:
+        return problem
+    fields = list(string.Formatter().parse(template))
     if sum(1 for _, name, _, _ in fields if name == "key") > 1:
         return "uses {key} more than once; it may appear at most once"
     sample = template.format(**{p: "x" for p in PLACEHOLDERS})

@@ -8,12 +8,12 @@ can be checked where the optional dependency is missing (which is itself reporte
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 from ..optionkit import (Option, Problems, check, file_problem, missing_extra, parse_into,
                          redact_url, url_problem)
+from ..subjects import placeholders_problem
 
 URL_SCHEMES = ("redis", "rediss")
 DEFAULT_URL = "redis://127.0.0.1:6379"
@@ -60,18 +60,9 @@ class RedisOptions:
 
 def check_stream_template(template: str) -> Optional[str]:
     """Why ``template`` is not a usable ``stream``, or None."""
-    try:
-        fields = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        return f"is not a valid template: {exc} (write {{{{ and }}}} for literal braces)"
-    for _, name, spec, conversion in fields:
-        if name is None:
-            continue
-        if name not in STREAM_PLACEHOLDERS:
-            return (f"has an unknown placeholder {{{name}}} (known: "
-                    + ", ".join(f"{{{p}}}" for p in STREAM_PLACEHOLDERS) + ")")
-        if spec or conversion:
-            return f"placeholder {{{name}}} takes no format spec or conversion"
+    problem = placeholders_problem(template, STREAM_PLACEHOLDERS)
+    if problem:
+        return problem
     if not template.strip():
         return "is empty"
     return None
