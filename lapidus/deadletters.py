@@ -45,7 +45,8 @@ def append(path: Path, record: Record, *, backend: str, sink: str, error: str,
     head = {
         "at": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
         "backend": backend, "sink": sink, "id": record.id, "type": record.type,
-        "schema": record.schema, "table": record.table, "size": len(record.data), "error": error, "fix": fix,
+        "schema": record.schema, "table": record.table, "size": len(record.data),
+        "error": error, "fix": fix,
         "key": list(record.key) if record.key is not None else None,
         "position": record.position,
     }

@@ -35,7 +35,8 @@ def pack(kind: int, payload: Any) -> bytes:
 
 
 def pack_batch(seq: int, records: list, at_boundary: bool = False) -> bytes:
-    """``pack(BATCH, (seq, records, at_boundary))``, pickled without the memo (the pickler's fast mode).
+    """``pack(BATCH, (seq, records, at_boundary))``, pickled without the memo (the pickler's
+    fast mode).
 
     A batch is thousands of small strings and bytes, none of them shared and nothing
     referring to itself: the memo (a dict entry and a PUT for every object, so that a second

@@ -14,8 +14,8 @@ exactly this worker's own write (the server stored it, the reply was lost).
 
 A save that cannot reach NATS raises :class:`CheckpointUnavailable` (at once while the
 connection is down; only the first connection is waited for, at most ``CALL_TIMEOUT``): the
-worker keeps streaming and saves again later (its lease, renewed over another connection, decides whether it may go on;
-the supervisor stops it when not).
+worker keeps streaming and saves again later (its lease, renewed over another connection,
+decides whether it may go on; the supervisor stops it when not).
 """
 
 from __future__ import annotations

@@ -130,10 +130,11 @@ class Pipeline:
 
         Batches queue up when the sinks are the slower side; delivering them together pays a
         sink's per-delivery wait once (the last JetStream acks, the flush's round trip)
-        instead of once per batch.  Only for sinks that allow it (``Sink.merge_batches``).  They come from one worker
-        connection, in order, so the merged records keep that order, and the ack of the last
-        one confirms all (acks are cumulative).  Only half the worker's in-flight window is
-        merged: the worker keeps reading into the other half meanwhile.
+        instead of once per batch.  Only for sinks that allow it (``Sink.merge_batches``).
+        They come from one worker connection, in order, so the merged records keep that
+        order, and the ack of the last one confirms all (acks are cumulative).  Only half the
+        worker's in-flight window is merged: the worker keeps reading into the other half
+        meanwhile.
         """
         queue = self.queue
         merged = None
@@ -282,7 +283,8 @@ class Dispatcher:
             merge_up_to = max(1, int(backend.options.get("max_inflight_batches", 8)) // 2)
         pipeline = Pipeline(backend_name, sinks, self.log.bind(backend=backend_name),
                             merge_up_to=merge_up_to, names=list(plugins),
-                                            on_undeliverable=backend.options.get("on_undeliverable") or "hold",
+                            on_undeliverable=(backend.options.get("on_undeliverable")
+                                              or "hold"),
                             dead_letters=deadletters.path_for(self.config.state_dir,
                                                               backend_name),
                             plugins=plugins)

@@ -45,7 +45,8 @@ class RabbitOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "RabbitOptions":
         """Options as written -> RabbitOptions; ValueError listing the problems."""
-        return parse_into(cls, options, validate, "rabbitmq", seconds=("confirm_timeout", "connect_timeout", "reconnect_time_wait"))
+        return parse_into(cls, options, validate, "rabbitmq",
+                          seconds=("confirm_timeout", "connect_timeout", "reconnect_time_wait"))
 
     @property
     def server(self) -> str:

@@ -46,7 +46,8 @@ class RedisOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "RedisOptions":
         """Options as written -> RedisOptions; ValueError listing the problems."""
-        return parse_into(cls, options, validate, "redis", seconds=("connect_timeout", "reply_timeout", "reconnect_time_wait"))
+        return parse_into(cls, options, validate, "redis",
+                          seconds=("connect_timeout", "reply_timeout", "reconnect_time_wait"))
 
     @property
     def server(self) -> str:

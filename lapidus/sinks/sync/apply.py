@@ -269,7 +269,8 @@ class Applier:
         rest = [t for t in targets if t not in info.pk]
         statement = sql.SQL("INSERT INTO {t} AS t ({c}) SELECT {v} FROM {r} "
                             "ON CONFLICT ({k}) ").format(
-            t=info.ident, r=ROWS, c=ident, v=values, k=sql.SQL(", ").join(map(sql.Identifier, info.pk)))
+            t=info.ident, r=ROWS, c=ident, v=values,
+            k=sql.SQL(", ").join(map(sql.Identifier, info.pk)))
         if rest:
             statement += sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(t)) for t in rest))

@@ -11,9 +11,9 @@ open():  connect (one attempt: the worker loop waits out an unreachable server),
 read():  returns as soon as it has events (after draining what already arrived, without
          waiting), or an empty batch at the timeout.  While a snapshot or backfill runs
          (docs/snapshots.md, .snapshot), it starts a chunk when asked for more and emits the
-         held rows where the stream reaches the chunk's binlog position.  Any failure of the stream raises a
-         non-fatal BackendError: the worker restarts from its checkpoint (never the library's
-         reconnect, which replays from where this reader started).
+         held rows where the stream reaches the chunk's binlog position.  Any failure of the
+         stream raises a non-fatal BackendError: the worker restarts from its checkpoint
+         (never the library's reconnect, which replays from where this reader started).
 """
 
 from __future__ import annotations

@@ -364,7 +364,8 @@ class PostgresSource(Source):
             self.catalog = None
 
     def _drop_temporary_objects(self) -> None:
-        """``temporary_slot``: leave nothing on the server, the publication Lapidus made included."""
+        """``temporary_slot``: leave nothing on the server, the publication Lapidus made
+        included."""
         try:
             if drop_slot(self.catalog.conn, self.slot):
                 self.log.info("temporary replication slot dropped", slot=self.slot)

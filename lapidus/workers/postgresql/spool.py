@@ -53,7 +53,8 @@ class Spool:
         return int(os.readlink(self.active_link)[:-len(SUFFIX)])
 
     def prepare(self, first_segment: int = 1) -> None:
-        """Create the directory and point ``active`` at the newest segment (or ``first_segment``)."""
+        """Create the directory and point ``active`` at the newest segment (or
+        ``first_segment``)."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         existing = self.segments()
         newest = max(existing[-1] if existing else first_segment, first_segment)
