@@ -29,14 +29,16 @@ def command_environment(backend: str, pass_env: List[str], env: Mapping[str, str
     for name in pass_env:
         if name in source:
             out[name] = source[name]
-    out.update(env)
+    out.update((name, value) for name, value in env.items() if value is not None)
     out["LAPIDUS_BACKEND"] = backend
     return out
 
 
 def problems(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
     """Problems with the ``pass_env`` and ``env`` options as ``(key, message)``; the values of
-    ``env`` are never echoed (they may be secrets)."""
+    ``env`` are never echoed (they may be secrets).  A value of None is no problem: JSON's
+    null (the variable is left out), or, for ``lapidus -t``, a secret whose ``${VAR}`` is not
+    set in the shell that checks (the configuration check warns about it itself)."""
     out: List[Tuple[str, str]] = []
     pass_env = options.get("pass_env")
     if pass_env is not None:
@@ -57,7 +59,7 @@ def problems(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
                 problem = _name_problem(name)
                 if problem:
                     out.append((f"env.{name}", problem))
-                elif not isinstance(value, str):
+                elif value is not None and not isinstance(value, str):
                     out.append((f"env.{name}", "expected a string value (quote numbers)"))
     return out
 

@@ -1126,6 +1126,23 @@ def test_an_unset_secret_is_a_warning_when_secrets_are_optional():
     assert shop.options["password"] is None and mongo.options["uri"] is None
 
 
+def test_an_unset_secret_in_the_exec_sinks_env_passes_its_validator_with_the_warning():
+    """The plugin validators see such a value as null: the exec sink's must not take it for a
+    value that is not a string."""
+    from lapidus.sinks import registry
+    cfg = parse_config({"backends": [pg()], "plugins": {"exec": {
+        "command": ["cat"], "env": {"REFRESH_DSN": "host=db password=${PG_PW}", "MODE": "x"}}}},
+        source="/etc/lapidus/lapidus.toml", env={}, secrets_optional=True,
+        plugin_validators=registry.validators())
+    assert [w.split(":")[0] for w in cfg.warnings] == ["plugins.exec.env.REFRESH_DSN"]
+    with pytest.raises(ConfigError) as info:      # a number is still refused
+        parse_config({"backends": [pg()], "plugins": {"exec": {
+            "command": ["cat"], "env": {"MODE": 3}}}}, source="/etc/lapidus/lapidus.toml",
+            env={}, plugin_validators=registry.validators())
+    assert info.value.problems == [
+        "plugins.exec.env.MODE: expected a string value (quote numbers)"]
+
+
 def test_the_password_inside_a_url_is_a_secret_too():
     cfg = lenient({"type": "mongo", "uri": "mongodb://app:${MONGO_PW}@m1/?replicaSet=rs0"},
                   plugins={"nats": {"servers": ["nats://lap:${NATS_PW}@h:4222"]}})

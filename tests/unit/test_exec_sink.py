@@ -289,3 +289,9 @@ def test_health_dicts_read_by_status_and_metrics():
                                 "last_error": "exited with code 4"}}) == "exec up"
     assert sinks_text({"exec": {"connected": False, "down_seconds": 12.0,
                                 "last_error": "exited with code 4"}}) == "exec down 12s"
+
+
+def test_a_null_env_value_leaves_the_variable_out():
+    from lapidus.sinks.exec_env import command_environment
+    env = command_environment("shop", [], {"A": "1", "B": None}, source={"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "A": "1", "LAPIDUS_BACKEND": "shop"}
