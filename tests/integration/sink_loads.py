@@ -5,6 +5,9 @@ once after dropping repeats by id, in commit order per key, with the EVENTS.md p
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from collections import defaultdict
 
@@ -97,3 +100,21 @@ def check_rows(events, backend: str, rows: int = ROWS) -> None:
 
 def mariadb_table(sql) -> None:
     sql.run("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+
+
+# -- configuration refusals -------------------------------------------------------------------
+
+def refused(tmp_path, config: dict, start_too: bool = False) -> str:
+    """``lapidus -t`` (and, with ``start_too``, ``lapidus`` itself) on ``config`` (a
+    ``state_dir`` under ``tmp_path`` added): exit 2 with no traceback; returns the output
+    of the last run, for the test's own checks of what it says."""
+    path = tmp_path / "lapidus.json"
+    path.write_text(json.dumps({"state_dir": str(tmp_path / "state"), **config}))
+    out = ""
+    for args in (["-t"], []) if start_too else (["-t"],):
+        result = subprocess.run([sys.executable, "-m", "lapidus", *args, "-c", str(path)],
+                                capture_output=True, text=True, timeout=60)
+        out = result.stdout + result.stderr
+        assert result.returncode == 2, out
+        assert "Traceback" not in out
+    return out
