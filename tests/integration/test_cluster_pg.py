@@ -364,8 +364,10 @@ def test_a_pg_snapshot_killed_with_its_node_resumes_on_the_next_owner_and_folds(
                    message=f"node b streaming pgc; log:\n{b.log_tail()}")
         wait_until(lambda: any(r.get("event") == "snapshot finished" for r in b.records()),
                    120, message=f"the snapshot finished on b; log:\n{b.log_tail()}")
-        # its slot is streamed by lapidus-walstream, named so in the status
-        row = backend_status(b.config_path, "pgc")
+        # its slot is streamed by lapidus-walstream, named so in the status (once the
+        # worker's first report is in: the resumed snapshot can end before it)
+        row = wait_until(lambda: (lambda r: r if r.get("walstream_pid") else None)(
+            backend_status(b.config_path, "pgc")), 20, message="walstream_pid in the status")
         assert "pg_recvlogical_pid" not in row
         assert "lapidus.workers.postgresql.walstream" in \
             " ".join(psutil.Process(row["walstream_pid"]).cmdline())
