@@ -17,15 +17,17 @@ from typing import List, Optional, Sequence
 
 import nats
 
-from .servers import NATS_SERVER, free_port, jetstream_ready, port_open
+from .servers import NATS_SERVER, free_ports, jetstream_ready, port_open
 from .waiting import wait_for
 
 
 class NatsCluster:
     def __init__(self, folder: Path, size: int = 3):
         self.folder = folder
-        self.client_ports = [free_port() for _ in range(size)]
-        self.route_ports = [free_port() for _ in range(size)]
+        # one call for all: a server whose client and route ports were the same port could
+        # not start ("address already in use")
+        ports = free_ports(2 * size)
+        self.client_ports, self.route_ports = ports[:size], ports[size:]
         self.procs: List[Optional[subprocess.Popen]] = [None] * size
 
     @property

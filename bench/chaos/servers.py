@@ -17,7 +17,7 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import nats
 import psutil
@@ -67,6 +67,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` different free ports: all bound at once, so that the kernel cannot hand one
+    out twice, as it may to :func:`free_port` called again after the first socket closed."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------

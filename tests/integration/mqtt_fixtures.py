@@ -28,6 +28,7 @@ from typing import Dict, List, NamedTuple, Optional
 import paho.mqtt.client as mqtt
 import pytest
 
+from bench.chaos.servers import free_ports
 from tests.conftest import wait_until
 
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -48,7 +49,8 @@ class Broker:
     def __init__(self, directory: Path, users: Optional[Dict[str, str]] = None,
                  acl: Optional[str] = None, tls=None):
         self.directory = directory
-        self.port = free_port()
+        # both at once: a second free_port() may return the first one again
+        self.port, tls_port = free_ports(2)
         self.url = f"mqtt://127.0.0.1:{self.port}"
         self.proc: Optional[subprocess.Popen] = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ class Broker:
         if tls is not None:
             # after the plain listener's settings: cafile/certfile/keyfile belong to the
             # listener above them
-            self.tls_port = free_port()
+            self.tls_port = tls_port
             self.tls_url = f"mqtts://127.0.0.1:{self.tls_port}"
             lines += [f"listener {self.tls_port} 127.0.0.1", f"cafile {tls.ca}",
                       f"certfile {tls.server_cert}", f"keyfile {tls.server_key}"]
