@@ -530,8 +530,9 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     """
     # SIGKILL, not TERM: a worker stuck in a connect retry must still go within a second;
     # nothing is lost, the checkpoint and the slot only ever move after delivery.
-    die_with_parent(signal.SIGKILL, _fork_server_pid())
-    if _fork_server_pid() is not None:
+    server = _fork_server_pid()
+    die_with_parent(signal.SIGKILL, server)
+    if server is not None:
         _let_go_of_the_fork_servers_pipes()
     set_process_name(f"lapidus:{backend.name}")
     tune_gc_for_throughput()

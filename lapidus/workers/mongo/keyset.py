@@ -38,6 +38,8 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from ..snapshot.events import pk_text
+
 _CANONICAL = json_util.CANONICAL_JSON_OPTIONS
 
 #: ``$type`` aliases of each bracket, in MongoDB's comparison order (arrays, undefined and
@@ -131,10 +133,8 @@ def id_text(value: Any) -> str:
     documents, one id, and JetStream's dedup would drop one of them.  Numbers of different
     BSON types with one value (int32 5, int64 5, 5.0) cannot be two ``_id`` values of one
     collection: its unique index compares numbers by value."""
-    if value.__class__ is int:
-        return f"[{value}]"
-    if value.__class__ is str:
-        return orjson.dumps([value]).decode()
+    if value.__class__ is int or value.__class__ is str:
+        return pk_text((value,))
     return json_util.dumps([value], json_options=json_util.RELAXED_JSON_OPTIONS,
                            separators=(",", ":"))
 
