@@ -9,9 +9,10 @@ Frame: 4-byte big-endian length, 1-byte kind, pickled payload.  Both ends are La
 of the same service user; the socket lives in a 0700 directory.
 
 * worker -> dispatcher: ``HELLO {"backend": name, "config": BackendConfig}``,
-  ``BATCH (seq, [Record fields, ...], at_boundary)`` (plain tuples in
+  ``BATCH (seq, [Record fields, ...], at_boundary, routed)`` (plain tuples in
   :class:`lapidus.events.Record` order; ``at_boundary``: :class:`lapidus.workers.base.Batch`'s,
-  one bool per batch; an empty list with it true says that the last batch's transaction ended)
+  one bool per batch; an empty list with it true says that the last batch's transaction ended;
+  ``routed``: the batch may hold events of a run made for one sink, :mod:`lapidus.sink_runs`)
 * dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
 """
 
@@ -34,8 +35,9 @@ def pack(kind: int, payload: Any) -> bytes:
     return HEADER.pack(len(body), kind) + body
 
 
-def pack_batch(seq: int, records: list, at_boundary: bool = False) -> bytes:
-    """``pack(BATCH, (seq, records, at_boundary))``, pickled without the memo (the pickler's
+def pack_batch(seq: int, records: list, at_boundary: bool = False,
+               routed: bool = False) -> bytes:
+    """``pack(BATCH, (seq, records, at_boundary, routed))``, pickled without the memo (the pickler's
     fast mode).
 
     A batch is thousands of small strings and bytes, none of them shared and nothing
@@ -50,7 +52,7 @@ def pack_batch(seq: int, records: list, at_boundary: bool = False) -> bytes:
     buffer.write(bytes(HEADER.size))        # the header, once the length is known
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.fast = True
-    pickler.dump((seq, records, at_boundary))
+    pickler.dump((seq, records, at_boundary, routed))
     HEADER.pack_into(buffer.getbuffer(), 0, buffer.tell() - HEADER.size, BATCH)
     return buffer.getvalue()
 
@@ -98,9 +100,10 @@ class DispatcherLink:
             hello["config"] = config
         self.sock.sendall(pack(HELLO, hello))
 
-    def send_batch(self, seq: int, records: list, at_boundary: bool = False) -> None:
+    def send_batch(self, seq: int, records: list, at_boundary: bool = False,
+                   routed: bool = False) -> None:
         try:
-            self.sock.sendall(pack_batch(seq, records, at_boundary))
+            self.sock.sendall(pack_batch(seq, records, at_boundary, routed))
         except OSError as exc:
             raise LinkLost(f"dispatcher connection lost: {exc}") from None
 

@@ -26,11 +26,15 @@ class Delivery(list):
     (:attr:`Sink.wants_transaction_ends`); the others need not know it exists.
     """
 
-    __slots__ = ("at_boundary",)
+    __slots__ = ("at_boundary", "routed")
 
-    def __init__(self, records: Iterable[Record] = (), at_boundary: bool = False):
+    def __init__(self, records: Iterable[Record] = (), at_boundary: bool = False,
+                 routed: bool = False):
         super().__init__(records)
         self.at_boundary = at_boundary
+        # it may hold events of a run made for one sink (lapidus.sink_runs): the dispatcher
+        # gives those to that sink only; the sink that asked for the run tells them apart
+        self.routed = routed
 
 
 class SinkError(Exception):
@@ -85,6 +89,15 @@ class Sink(abc.ABC):
     #: it the last record it confirmed again (a replay, same id) in a delivery at the boundary.
     #: Other sinks never get that replay.
     wants_transaction_ends: bool = False
+
+    #: the sink asks the worker for snapshot runs of its own (the websocket sink's
+    #: ``snapshot=1``, :mod:`lapidus.sink_runs`): the dispatcher sets
+    #: :attr:`snapshot_requests` before :meth:`start`, an object with ``request(table) ->
+    #: n``, ``cancel(numbers)``, ``refused(numbers) -> {n: reason}`` and ``unavailable``
+    #: (None, or why runs cannot be asked for); see
+    #: :class:`lapidus.supervisor.sink_snapshots.SnapshotRequests`.
+    asks_for_snapshots: bool = False
+    snapshot_requests: Any = None
 
     @classmethod
     def share_key(cls, options: Mapping[str, Any]) -> str:

@@ -111,6 +111,8 @@ class Arbiter:
         self.notifier = Notifier()
         self.http = None
         self.tail_view = TailView(self.dispatcher.tell)   # the status page's tail
+        # a sink's own snapshot run was asked for (lapidus.sink_runs): start it now
+        self.dispatcher.on_message["wake"] = self._wake_backend
         if config.http is not None:
             page = StatusPage(self.status, self.rate_histories, self.tail_view,
                               config.http.token, self.log)
@@ -652,6 +654,11 @@ class Arbiter:
         self.log.info("dead letters handed to the dispatcher to send again",
                       backend=handle.name, events=count)
         return {"ok": True, "resending": [f"{count} event(s) of {handle.name}"]}
+
+    def _wake_backend(self, fields: dict) -> None:
+        handle = self.workers.get(fields.get("backend") or "")
+        if handle is not None:
+            _wake_worker(handle)
 
     def cmd_backfill(self, request: dict) -> dict:
         """Queue a backfill of one table of a backend, or cancel the backend's backfills

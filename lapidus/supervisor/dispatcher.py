@@ -22,11 +22,13 @@ from .. import deadletters, exitcodes, logs
 from ..backoff import Backoff
 from ..events import Record
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
+from ..sink_runs import run_of, split
 from ..sinks import registry
 from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
 from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
 from ..workers.runner import next_keep_alive, quiet_report_every
 from .refusals import RefusedEvents
+from .sink_snapshots import SnapshotRequests
 from .tail_ring import TailRing, TailWatch
 
 RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
@@ -97,21 +99,38 @@ class Pipeline:
             self.resend_after = False
             seq, records = self._merge_queued(seq, records)
             if records:
-                confirmed = await asyncio.gather(*(
-                    self._deliver(sink, name, records, generation)
-                    for sink, name in zip(self.sinks, self.names)))
+                if records.routed:
+                    confirmed = await self._deliver_routed(records, generation)
+                else:
+                    confirmed = await asyncio.gather(*(
+                        self._deliver(sink, name, records, generation)
+                        for sink, name in zip(self.sinks, self.names)))
                 if generation != self.generation:
                     continue  # its worker went away while a sink was being retried
                 self.last_records = confirmed
                 self.delivered += len(records)
                 if self.tail is not None:
-                    self.tail.add(records)
+                    self.tail.add(records if not records.routed else
+                                  [r for r in records if run_of(r, self.backend) is None])
             else:
                 await self._mark_boundary(generation)
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
                 await self._resend()
+
+    async def _deliver_routed(self, records: Delivery, generation: int) -> list:
+        """A batch that may hold events of a run made for one sink (lapidus.sink_runs):
+        each sink gets its share; one whose share is empty confirms nothing new."""
+        shares = split(records, self.backend, self.names)
+        last = self.last_records or [None] * len(self.sinks)
+
+        async def unchanged(record: Optional[Record]) -> Optional[Record]:
+            return record
+        return list(await asyncio.gather(*(
+            self._deliver(sink, name, Delivery(share, records.at_boundary, True), generation)
+            if share else unchanged(previous)
+            for sink, name, share, previous in zip(self.sinks, self.names, shares, last))))
 
     async def _mark_boundary(self, generation: int) -> None:
         """An empty batch: the transaction of the last record delivered ended after it (the
@@ -148,9 +167,10 @@ class Pipeline:
             if generation != self.generation:
                 continue
             if merged is None:
-                merged = Delivery(records)
+                merged = Delivery(records, routed=records.routed)
             merged.extend(more)
             merged.at_boundary = more.at_boundary
+            merged.routed = merged.routed or more.routed
             seq = next_seq
         return seq, (records if merged is None else merged)
 
@@ -248,8 +268,24 @@ class Dispatcher:
                 self.shared[key] = sink
             return self.shared[key]
         sink = cls(options, backend)
+        if getattr(cls, "asks_for_snapshots", False):   # plugins need not subclass Sink
+            sink.snapshot_requests = SnapshotRequests(
+                self.config.state_dir, backend, name, self.wake_worker,
+                unavailable=None if self.config.cluster is None else
+                "snapshot runs are not available in cluster mode yet (a run would stay on "
+                "this node while another may stream the backend)")
         await sink.start()
         return sink
+
+    def wake_worker(self, backend: str) -> None:
+        """Ask the supervisor to make ``backend``'s worker look at its backfill requests now
+        (it looks once a second by itself).  From the loop's thread only: the status pipe
+        has other writers there."""
+        if self.status is not None:
+            try:
+                self.status.send(("wake", {"backend": backend}))
+            except (OSError, ValueError):
+                pass        # the supervisor is gone; the worker looks by itself
 
     async def pipeline_for(self, backend_name: str, backend=None) -> Pipeline:
         """The pipeline of a backend.  ``backend`` is the configuration its worker sent with
@@ -372,11 +408,12 @@ class Dispatcher:
                         pipeline = await self._pipeline_when_ready(payload)
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
-                        seq, fields, at_boundary = payload
+                        seq, fields, at_boundary, routed = payload
                         # tuple.__new__ rather than Record._make: half the cost (a classmethod
                         # call and a length check per event, as much as unpickling the batch);
                         # the fields come from a worker of this same build, in Record order
-                        records = Delivery([new_record(Record, f) for f in fields], at_boundary)
+                        records = Delivery([new_record(Record, f) for f in fields], at_boundary,
+                                           routed)
                         pipeline.queue.put_nowait((generation, seq, records))
         except asyncio.CancelledError:
             pass  # shutting down: the worker sees the connection close and stops or retries

@@ -97,6 +97,9 @@ FAMILIES: Tuple[Tuple[str, str, str, Tuple[str, ...]], ...] = (
      ("backend", "sink")),
     ("lapidus_websocket_replay_events", "gauge",
      "Events in the backend's websocket replay window.", ("backend", "sink")),
+    ("lapidus_websocket_snapshot_runs", "gauge",
+     "Snapshot runs queued or running for websocket clients (snapshot=1).",
+     ("backend", "sink")),
     ("lapidus_cluster_owned", "gauge",
      "Cluster mode: 1 while this node holds the backend's lease, else 0.", ("backend",)),
     ("lapidus_cluster_owner", "gauge",
@@ -154,7 +157,8 @@ def _websocket_metrics(f: Families, name: str, sink: str, state: dict) -> None:
                         ("lapidus_websocket_frames_total", "frames_sent"),
                         ("lapidus_websocket_slow_clients_total", "slow_clients_closed"),
                         ("lapidus_websocket_refused_total", "refused"),
-                        ("lapidus_websocket_replay_events", "replay_events")):
+                        ("lapidus_websocket_replay_events", "replay_events"),
+                        ("lapidus_websocket_snapshot_runs", "snapshot_runs")):
         _add(f, metric, state.get(key) or 0, backend=name, sink=sink)
 
 

@@ -146,9 +146,11 @@ class Source(abc.ABC):
         progress = self.snapshot_progress
         return progress is not None and not progress.done
 
-    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+    def start_backfill(self, n: int, table: str, where: Optional[str],
+                       sink: Optional[str] = None) -> str:
         """Begin backfill ``n`` of ``table`` (``table`` or ``schema.table``), rows matching
-        ``where`` (SQL; a JSON filter on MongoDB) or all; returns ``schema.table``.
+        ``where`` (SQL; a JSON filter on MongoDB) or all; returns ``schema.table``.  With
+        ``sink``, the run is that sink's alone (:mod:`lapidus.sink_runs`).
 
         Called by the worker loop only while no run is in progress.  Raises
         :class:`~.snapshot.run.SnapshotRefused` for a table that is unknown, not streamed,

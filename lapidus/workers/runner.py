@@ -30,6 +30,7 @@ from .. import exitcodes, logs
 from ..checkpoint import CheckpointStore
 from ..cluster.protocol import CheckpointUnavailable, LeaseLost
 from ..events import batch_fields
+from ..sink_runs import END
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Batch, Source
@@ -332,7 +333,7 @@ class WorkerLoop:
                 source.tick()
             else:
                 wait = self._read_wait(source, schedule)
-                self._take(source.read(self.batch_size, wait), link)
+                self._take(source.read(self.batch_size, wait), link, source)
             self._settle_unsent()
             self._save(source=source)
             # emptied before the step: a signal arriving later ends the next read at once
@@ -357,14 +358,15 @@ class WorkerLoop:
         due = schedule.next_due(self._figures())
         return max(0.0, min(longest, due - time.monotonic()))
 
-    def _take(self, batch: Batch, link: DispatcherLink) -> None:
+    def _take(self, batch: Batch, link: DispatcherLink, source: Source) -> None:
         """Send what ``batch`` carries, or just take its new position."""
         if batch.checkpoint is None:
             return
         if batch.events:
             self._check_lease()
             self.seq += 1
-            link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary)
+            link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary,
+                            _routed(source, batch))
             self.open_tail = not batch.at_boundary
             self.events_sent += len(batch.events)
             self._count(batch.events)
@@ -459,6 +461,16 @@ class WorkerLoop:
         if self.inflight:
             self.log.warning("unconfirmed batches left; they will be sent again",
                              batches=len(self.inflight))
+
+
+def _routed(source: Source, batch: Batch) -> bool:
+    """Whether ``batch`` may hold events of a run made for one sink, which the dispatcher
+    then gives to that sink only (lapidus.sink_runs).  Runs start between reads, so the
+    source's run after the read is the run of the batch's ``read`` events; the event that
+    ends a sink's run is the last of its batch."""
+    progress = source.snapshot_progress
+    return progress is not None and progress.sink is not None \
+        and (not progress.done or batch.events[-1][1] == END)
 
 
 def _age(ts: Optional[str]) -> float:

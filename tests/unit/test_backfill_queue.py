@@ -25,10 +25,11 @@ class Source:
         self.snapshot_progress = None
         self.cancelled = []
 
-    def start_backfill(self, n, table, where):
+    def start_backfill(self, n, table, where, sink=None):
         if table == "bad":
             raise SnapshotRefused(f'backfill of "{table}": no such table')
-        self.snapshot_progress = SnapshotProgress(n, [("public", table)], where=where)
+        self.snapshot_progress = SnapshotProgress(n, [("public", table)], where=where,
+                                                  sink=sink)
         return f"public.{table}"
 
     def cancel_snapshot(self):

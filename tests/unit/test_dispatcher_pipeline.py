@@ -203,7 +203,7 @@ def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
         sink, writer = Failing(), RecordingWriter()
         pipeline = Pipeline("crm", [sink], structlog.get_logger())
         generation = pipeline.attach(writer)
-        pipeline.queue.put_nowait((generation, 1, ["a"]))
+        pipeline.queue.put_nowait((generation, 1, Delivery(["a"])))
         task = asyncio.create_task(pipeline.run())
         while not sink.deliveries:
             await asyncio.sleep(0.01)

@@ -31,8 +31,10 @@ def test_a_batch_packed_without_the_memo_reads_back_the_same_and_in_a_stream():
     data = pack_batch(9, fields, True)
     assert HEADER.unpack_from(data) == (len(data) - HEADER.size, BATCH)
     frames, used = unpack_from(bytearray(pack(ACK, 1) + data + pack(ACK, 2)))
-    assert frames == [(ACK, 1), (BATCH, (9, fields, True)), (ACK, 2)]
-    assert unpack_from(bytearray(pack_batch(1, [])))[0] == [(BATCH, (1, [], False))]
+    assert frames == [(ACK, 1), (BATCH, (9, fields, True, False)), (ACK, 2)]
+    assert unpack_from(bytearray(pack_batch(1, [])))[0] == [(BATCH, (1, [], False, False))]
+    assert unpack_from(bytearray(pack_batch(2, fields, routed=True)))[0] == \
+        [(BATCH, (2, fields, False, True))]
 
 
 def test_frame_header_is_big_endian_length_and_kind():
@@ -122,7 +124,7 @@ def link(dispatcher):
 def test_hello_with_the_backend_name_is_the_first_frame(dispatcher, link):
     link.send_batch(1, [RECORD], True)
     assert dispatcher.read_frames(2) == [(HELLO, {"backend": "shop"}),
-                                         (BATCH, (1, [RECORD], True))]
+                                         (BATCH, (1, [RECORD], True, False))]
 
 
 def test_batches_arrive_in_order(dispatcher, link):
@@ -140,7 +142,7 @@ def test_batch_larger_than_the_socket_buffer_arrives_whole(dispatcher, link):
     sender = threading.Thread(target=link.send_batch, args=(1, records))
     sender.start()                          # blocks until the dispatcher has read enough
     try:
-        assert dispatcher.read_frames(2)[1] == (BATCH, (1, records, False))
+        assert dispatcher.read_frames(2)[1] == (BATCH, (1, records, False, False))
     finally:
         sender.join(10.0)
     assert not sender.is_alive()

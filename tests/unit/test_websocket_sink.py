@@ -220,7 +220,7 @@ def test_the_sink_figures_are_exported_as_metrics():
 
     from lapidus.supervisor.metrics import render
     state = {"connected": True, "down_seconds": None, "clients": 3, "frames_sent": 120,
-             "slow_clients_closed": 1, "refused": 2, "replay_events": 40}
+             "slow_clients_closed": 1, "refused": 2, "replay_events": 40, "snapshot_runs": 1}
     text = render({"backends": [{"name": "pg", "state": "RUNNING",
                                  "sinks": {"websocket": state}}]})
     found = {s.name: (s.labels, s.value)
@@ -232,6 +232,7 @@ def test_the_sink_figures_are_exported_as_metrics():
                      "lapidus_websocket_slow_clients_total": (labels, 1),
                      "lapidus_websocket_refused_total": (labels, 2),
                      "lapidus_websocket_replay_events": (labels, 40),
+                     "lapidus_websocket_snapshot_runs": (labels, 1),
                      "lapidus_sink_up": (labels, 1),
                      "lapidus_sink_down_seconds": (labels, 0)}
 

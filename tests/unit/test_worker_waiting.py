@@ -251,7 +251,7 @@ class FakeLink:
         self.confirm_up_to: Optional[int] = None
         FakeLink.instances.append(self)
 
-    def send_batch(self, seq, records, at_boundary=False):
+    def send_batch(self, seq, records, at_boundary=False, routed=False):
         self.sent.append(seq)
         self.frames.append((seq, len(records), at_boundary))
 

@@ -20,7 +20,7 @@ once), or whose next event already left the replay window, is closed with 1008 a
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Optional, Set, Tuple
 
 from websockets.protocol import State
 
@@ -35,18 +35,28 @@ POLICY_VIOLATION = 1008
 
 
 class Subscription:
-    """What a client receives: the subjects asked for, within the token's grant.  Clients
+    """What a client receives: the subjects asked for, within the token's grant, and the
+    events of its own snapshot runs (``runs``, their labels; :mod:`.snapshots`).  Clients
     whose ``key`` is the same share the work of matching (once per event and batch, not per
     client: :meth:`Hub.publish <.server.Hub.publish>`)."""
 
-    def __init__(self, key: Tuple, matches: Callable[[str], bool]):
-        self.key = key
+    def __init__(self, key: Tuple, matches: Callable[[str], bool],
+                 runs: FrozenSet[str] = frozenset()):
+        self.key = key + (runs,) if runs else key
         self.matches = matches
+        self.runs = runs
+
+    def with_runs(self, runs: FrozenSet[str]) -> "Subscription":
+        return Subscription(self.key, self.matches, runs)
 
     def frames(self, entries) -> Tuple[bytes, int]:
-        """The frames of the matching ``entries`` joined, and how many they are."""
-        matches = self.matches
-        picked = [frame for subject, frame in entries if matches(subject)]
+        """The frames of the matching ``entries`` joined, and how many they are.  An event of
+        a snapshot run (its subject a :class:`.snapshots.RunSubject`) matches only the
+        run's clients."""
+        matches, runs = self.matches, self.runs
+        picked = [frame for subject, frame in entries
+                  if (matches(subject) if subject.__class__ is str
+                      else subject.run in runs and (subject.end or matches(subject)))]
         return b"".join(picked), len(picked)
 
 

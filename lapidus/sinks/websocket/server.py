@@ -9,7 +9,8 @@ for one address is an error naming both.
 The opening handshake (:meth:`Hub.check_request`) refuses, before anything is sent: a wrong path
 (404), a missing or unknown token (401), an origin not in ``origins`` (403), a malformed query
 (400), a full house (503).  Query parameters: ``subjects`` (comma-separated patterns), ``after``
-(an event id, once per backend), ``token``.  Only the websockets library's handshake, pings and
+(an event id, once per backend), ``token``, ``snapshot`` (``1``, or backend names: the
+subscribed tables' current rows first, :mod:`.snapshots`).  Only the websockets library's handshake, pings and
 close are used; event frames are written by :mod:`.clients`.
 """
 
@@ -33,6 +34,7 @@ from .clients import Client, Subscription
 from .options import Grant, WebsocketOptions
 from .patterns import both, pattern_problem
 from .replay import ReplayBuffer, text_frame
+from .snapshots import REFUSALS_EVERY, SnapshotRuns, tables_of
 
 #: high-water mark of a client's write buffer (the websocket library's ``write_limit``):
 #: above it the client counts as behind and is fed from the replay buffer as it drains
@@ -41,7 +43,7 @@ CLOSE_TIMEOUT = 10.0
 #: while events keep coming, the pause after writing to the clients is this many times the
 #: CPU time those writes took: at most half the dispatcher's CPU goes to client writes
 WRITE_PAUSE_FACTOR = 1.0
-PARAMETERS = ("subjects", "after", "token")
+PARAMETERS = ("subjects", "after", "token", "snapshot")
 
 # The library's own log lines (handshake failures with tracebacks) stay out of Lapidus's log;
 # what matters is logged by the hub itself.
@@ -59,7 +61,7 @@ class Refused(Exception):
         self.reason = reason
 
 
-def hub_for(settings: WebsocketOptions, backend: str) -> "Hub":
+def hub_for(settings: WebsocketOptions, backend: str, snapshot_requests=None) -> "Hub":
     """The hub of ``settings``' address, made on first use; ``backend`` attached to it."""
     key = (settings.host, settings.port)
     hub = _HUBS.get(key)
@@ -70,7 +72,7 @@ def hub_for(settings: WebsocketOptions, backend: str) -> "Hub":
         raise SinkError(f"websocket sink of backend {backend}: {settings.listen} is already "
                         f"the websocket listener of {other}, with other options; give the "
                         f"backends the same websocket options, or each its own listen address")
-    hub.attach(backend)
+    hub.attach(backend, snapshot_requests)
     return hub
 
 
@@ -83,8 +85,9 @@ class Hub:
         self.buffers: Dict[str, ReplayBuffer] = {}
         self.attached: List[str] = []
         self.clients: List[Client] = []
-        self.pending: "weakref.WeakKeyDictionary[Any, Tuple[Subscription, Dict]]" = \
-            weakref.WeakKeyDictionary()
+        self.pending: "weakref.WeakKeyDictionary[Any, Tuple]" = weakref.WeakKeyDictionary()
+        self.snapshots = SnapshotRuns(log)
+        self._watching_refusals = False
         self.server = None
         self.start_error: Optional[str] = None
         self.down_since: Optional[float] = time.monotonic()
@@ -101,12 +104,13 @@ class Hub:
 
     # -- life cycle ---------------------------------------------------------------------
 
-    def attach(self, backend: str) -> None:
+    def attach(self, backend: str, snapshot_requests=None) -> None:
         self.attached.append(backend)
         if backend not in self.buffers:
             self.buffers[backend] = ReplayBuffer(self.settings.replay_events,
                                                  self.settings.replay_bytes)
             self.repeats_skipped[backend] = 0
+        self.snapshots.attach(backend, snapshot_requests)
 
     async def start(self) -> None:
         if self.server is not None:
@@ -174,7 +178,7 @@ class Hub:
     def check_request(self, connection, request):
         """websockets' ``process_request``: None to accept, an HTTP answer to refuse."""
         try:
-            subscription, after = self._subscription(request)
+            subscription, after, snapshot = self._subscription(request)
         except Refused as refusal:
             self.refused += 1
             self.log.info("websocket client refused", status=refusal.status,
@@ -183,10 +187,10 @@ class Hub:
             if refusal.status == http.HTTPStatus.UNAUTHORIZED:
                 response.headers["WWW-Authenticate"] = 'Bearer realm="lapidus"'
             return response
-        self.pending[connection] = (subscription, after)
+        self.pending[connection] = (subscription, after, snapshot)
         return None
 
-    def _subscription(self, request) -> Tuple[Subscription, Dict[str, str]]:
+    def _subscription(self, request) -> Tuple[Subscription, Dict[str, str], Optional[Tuple]]:
         settings = self.settings
         parts = urlsplit(request.path)
         if parts.path != settings.path:
@@ -200,9 +204,6 @@ class Hub:
         except ValueError as exc:
             raise Refused(400, f"malformed query: {exc}") from None
         unknown = sorted(set(query) - set(PARAMETERS))
-        if "snapshot" in unknown:
-            raise Refused(400, "snapshot=1 is not available yet; use after=<event id> to "
-                               "resume, and load the current state from the database")
         if unknown:
             raise Refused(400, f"unknown parameter {unknown[0]} (known: "
                                + ", ".join(PARAMETERS) + ")")
@@ -232,8 +233,38 @@ class Hub:
                 raise Refused(400, f"after= is given twice for backend {backend}; give the "
                                    f"last id received of each backend once")
             after[backend] = event_id
+        snapshot = self._snapshot(query, requested, after) if "snapshot" in query else None
         key = (requested, grant.subjects if grant else None)
-        return Subscription(key, both(*key)), after
+        return Subscription(key, both(*key)), after, snapshot
+
+    def _snapshot(self, query, requested, after) -> Optional[Tuple[List[str], List[str]]]:
+        """``snapshot=1`` (every backend served here) or ``snapshot=shop,crm``: the backends
+        and tables to read for the client, or None for ``snapshot=0``."""
+        values = [v.strip() for value in query["snapshot"] for v in value.split(",")
+                  if v.strip()]
+        if values in (["0"], ["false"]):
+            return None
+        if values in (["1"], ["true"]):
+            backends = sorted(self.buffers)
+        else:
+            backends = values
+            unknown = [b for b in backends if b not in self.buffers]
+            if not backends or unknown:
+                raise Refused(400, f"snapshot={','.join(values)}: give 1 (every backend served "
+                                   f"here) or backend names (" + ", ".join(sorted(self.buffers))
+                              + ")")
+        if after:
+            raise Refused(400, "give snapshot=1 or after=, not both: after= resumes a stream "
+                               "from an event, snapshot=1 starts one from the current rows")
+        try:
+            tables = tables_of(requested)
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        unavailable = self.snapshots.unavailable(backends)
+        if unavailable:
+            raise Refused(400, f"snapshot=1: {unavailable}; load the current rows from the "
+                               f"database instead")
+        return backends, tables
 
     def _grant(self, request, query) -> Optional[Grant]:
         grants = self.settings.grants
@@ -268,11 +299,17 @@ class Hub:
 
     async def handle(self, connection) -> None:
         """A client after a successful handshake: gap frames if any, then its stream."""
-        subscription, after = self.pending.pop(connection, (None, {}))
+        subscription, after, snapshot = self.pending.pop(connection, (None, {}, None))
         if subscription is None:
             return
         client = Client(connection, subscription, self)
         gaps = []
+        if snapshot is not None:
+            # before the client joins: its runs are known before any of their events come
+            labels, queued = self.snapshots.start(client, *snapshot)
+            client.subscription = subscription.with_runs(frozenset(labels))
+            gaps.append(queued)
+            self._watch_refusals()
         for backend, buffer in self.buffers.items():
             client.cursors[backend] = buffer.head
             event_id = after.get(backend)
@@ -308,9 +345,26 @@ class Hub:
             client.wake.set()
             task.cancel()
             self.clients.remove(client)
+            if snapshot is not None:
+                self.snapshots.gone(client)
             self.log.info("websocket client disconnected", peer=client.peer,
                           clients=len(self.clients), frames=client.frames,
                           code=connection.close_code)
+
+    def _watch_refusals(self) -> None:
+        """While snapshot runs are queued, look for refused ones once a second."""
+        if self._watching_refusals:
+            return
+        self._watching_refusals = True
+
+        async def watch():
+            try:
+                while self.snapshots.queued() and self.server is not None:
+                    await asyncio.sleep(REFUSALS_EVERY)
+                    self.snapshots.check_refused()
+            finally:
+                self._watching_refusals = False
+        self.spawn(watch())
 
     # -- events -------------------------------------------------------------------------
 
@@ -396,7 +450,8 @@ class Hub:
                 "clients": len(self.clients), "frames_sent": self.frames_sent.get(backend, 0),
                 "slow_clients_closed": self.slow_closed, "refused": self.refused,
                 "replay_events": len(buffer), "replay_bytes": buffer.bytes,
-                "repeats_skipped": self.repeats_skipped.get(backend, 0)}
+                "repeats_skipped": self.repeats_skipped.get(backend, 0),
+                "snapshot_runs": len(self.snapshots.runs.get(backend, {}))}
 
 
 def _address(connection) -> Optional[str]:

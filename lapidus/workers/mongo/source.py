@@ -232,7 +232,8 @@ class MongoSource(Source):
 
     # -- snapshots (docs/snapshots.md) ------------------------------------------------------
 
-    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+    def start_backfill(self, n: int, table: str, where: Optional[str],
+                       sink: Optional[str] = None) -> str:
         """Backfill ``n`` of ``table`` (``collection`` or ``database.collection``), the
         documents matching ``where`` (an Extended JSON filter document) or all; online,
         between the stream's changes.  Returns ``database.collection``."""
@@ -252,7 +253,7 @@ class MongoSource(Source):
         except PyMongoError as exc:
             raise errors.describe(self.settings, exc, f"checking the backfill of {table}") \
                 from None
-        progress = SnapshotProgress(n, [namespace], where=where or None)
+        progress = SnapshotProgress(n, [namespace], where=where or None, sink=sink)
         self._start_run(progress)
         self.log.info("backfill started", n=n, table=".".join(namespace), where=where)
         return ".".join(namespace)

@@ -328,7 +328,8 @@ class MysqlSource(Source):
         self.snapshot = MysqlSnapshot(self.backend.name, self._options(),
                                       self.settings, self._json_lookup, progress, self.log)
 
-    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+    def start_backfill(self, n: int, table: str, where: Optional[str],
+                       sink: Optional[str] = None) -> str:
         if self._conn is None:      # not a refusal: the request stays queued
             raise BackendError(f"{self.settings.describe()}: backfill of \"{table}\" asked "
                                f"for while the source is not open; reconnecting")
@@ -338,7 +339,7 @@ class MysqlSource(Source):
                                           where)
         except pymysql.err.MySQLError as exc:
             raise self._stream_error(exc) from None
-        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
+        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where, sink=sink))
         return f"{schema}.{name}"
 
     def _checkpoint(self) -> dict:

@@ -325,7 +325,8 @@ class PostgresSource(Source):
         self.snapshot = PgSnapshot(self.backend.name, self.options, self.catalog, progress,
                                    self.log)
 
-    def start_backfill(self, n: int, table: str, where: Optional[str]) -> str:
+    def start_backfill(self, n: int, table: str, where: Optional[str],
+                       sink: Optional[str] = None) -> str:
         self._check_snapshots_possible("a backfill", fatal=False)
         _decoder, publication, table_filter = self._snapshot_setup
         try:
@@ -334,7 +335,7 @@ class PostgresSource(Source):
         except psycopg2.Error as exc:
             raise query_error(exc, self.options, self.backend.name,
                               f"checking the table of a backfill ({table})") from None
-        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where))
+        self._begin_run(SnapshotProgress(n, [(schema, name)], where=where, sink=sink))
         return f"{schema}.{name}"
 
     def suspend(self) -> None:

@@ -47,13 +47,15 @@ class Backfills:
 
     def _start(self, source, request: BackfillRequest) -> bool:
         try:
-            table = source.start_backfill(request.n, request.table, request.where)
+            table = source.start_backfill(request.n, request.table, request.where,
+                                          sink=request.sink)
         except SnapshotRefused as exc:
             self.log.warning("backfill refused", n=request.n, table=request.table,
                              reason=str(exc))
             self.queue.refuse(request, str(exc), keep=KEEP_REFUSED)
             return False
-        self.log.info("backfill started", n=request.n, table=table, where=request.where)
+        self.log.info("backfill started", n=request.n, table=table, where=request.where,
+                      sink=request.sink)
         return True
 
     def status(self) -> Optional[dict]:

@@ -13,7 +13,7 @@ it: :meth:`..window.ChunkWindow.remaining_keyed`, :func:`read_events`), so :func
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import orjson
 
@@ -62,10 +62,12 @@ def read_event(backend: str, n: int, schema: str, table: str, pk: Mapping[str, A
                  item=item, before=None, position=position, txid=None, ts=ts)
 
 
-def read_events(backend: str, n: int, schema: str, table: str,
+def read_events(backend: str, n: Union[int, str], schema: str, table: str,
                 rows: Iterable[Tuple[str, Tuple[dict, dict]]], position: str,
                 ts: Optional[str]) -> List[Event]:
     """:func:`read_event` for a chunk's rows ``(key text, (pk, item))``, in their order.
+    ``n`` is the run's number, or its label for a run made for one sink (``"7@websocket"``,
+    :func:`lapidus.sink_runs.run_label`).
 
     The same events, built from plain tuples: the per-row cost of a chunk's emission.  The
     ``pk`` and ``item`` dicts are the held ones, not copies (nothing changes them after the

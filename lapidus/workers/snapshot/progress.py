@@ -19,9 +19,11 @@ class SnapshotProgress:
 
     def __init__(self, n: int, tables: Sequence[Tuple[str, str]], index: int = 0,
                  last_key: Optional[List[Any]] = None, rows: int = 0, table_rows: int = 0,
-                 where: Optional[str] = None, cancelled: bool = False):
+                 where: Optional[str] = None, cancelled: bool = False,
+                 sink: Optional[str] = None):
         self.n = n                      # 0: the initial snapshot; 1, 2, ...: backfills
         self.where = where              # a backfill's condition (SQL, or a MongoDB filter)
+        self.sink = sink                # the run is this sink's alone (lapidus.sink_runs)
         self.cancelled = cancelled
         self.tables = [tuple(t) for t in tables]
         self.index = index
@@ -39,22 +41,26 @@ class SnapshotProgress:
             state = {"n": self.n, "done": True, "rows": self.rows}
             if self.cancelled:
                 state["cancelled"] = True
+            if self.sink is not None:
+                state["sink"] = self.sink
             return state
         state = {"n": self.n, "done": False, "tables": [list(t) for t in self.tables],
                  "index": self.index, "last_key": self.last_key, "rows": self.rows,
                  "table_rows": self.table_rows}
         if self.where is not None:
             state["where"] = self.where
+        if self.sink is not None:
+            state["sink"] = self.sink
         return state
 
     @classmethod
     def from_state(cls, state: dict) -> "SnapshotProgress":
         if state.get("done"):
             return cls(state.get("n", 0), [], 0, None, state.get("rows", 0),
-                       cancelled=bool(state.get("cancelled")))
+                       cancelled=bool(state.get("cancelled")), sink=state.get("sink"))
         return cls(state.get("n", 0), state.get("tables", []), state.get("index", 0),
                    state.get("last_key"), state.get("rows", 0), state.get("table_rows", 0),
-                   where=state.get("where"))
+                   where=state.get("where"), sink=state.get("sink"))
 
     # -- moving on -----------------------------------------------------------------------
 
@@ -90,11 +96,14 @@ class SnapshotProgress:
         elapsed = max(time.monotonic() - self._started, 1e-6)
         rate = round((self.rows - self._rows_at_start) / elapsed, 1)
         if self.done:
-            return {"n": self.n, "state": "cancelled" if self.cancelled else "done",
-                    "rows": self.rows}
+            out = {"n": self.n, "state": "cancelled" if self.cancelled else "done",
+                   "rows": self.rows}
+            if self.sink is not None:
+                out["sink"] = self.sink
+            return out
         schema, table = self.tables[self.index]
         return {"n": self.n, "state": "running", "table": f"{schema}.{table}",
-                "where": self.where,
+                "where": self.where, "sink": self.sink,
                 "tables_done": self.index, "tables": len(self.tables),
                 "table_rows": self.table_rows,
                 "table_rows_estimated": self.estimates.get((schema, table)),

@@ -1,16 +1,19 @@
 """The queue of backfill requests of one backend: files in ``<state_dir>/<backend>/backfills/``.
 
-Written by the supervisor (``lapidusctl backfill``), read by the backend's worker; a file
+Written by the supervisor (``lapidusctl backfill``) and by the dispatcher (a websocket
+client's ``snapshot=1``), read by the backend's worker; a file
 survives restarts of both, so a queued request is never forgotten:
 
-* ``<n>.json`` (n zero-padded): ``{"n", "table", "where", "requested_at"}``, a request that is
-  queued or running.  ``n`` numbers the backend's backfills (1, 2, ...; 0 is the initial
-  snapshot) and goes into the ids of their ``read`` events.
+* ``<n>.json`` (n zero-padded): ``{"n", "table", "where", "requested_at"}``, and ``"sink"``
+  for a run made for one sink (:mod:`lapidus.sink_runs`), a request that is queued or
+  running.  ``n`` numbers the backend's backfills (1, 2, ...; 0 is the initial snapshot) and
+  goes into the ids of their ``read`` events.
 * ``sequence``: the last ``n`` handed out.
 * ``<n>.refused``: ``{"n", "table", "reason"}``, written by the worker instead of running it.
 
 The worker removes ``<n>.json`` once a saved checkpoint says run ``n`` is finished; the
-supervisor removes it to cancel (the worker stops the run when it sees the file gone).
+supervisor (or the dispatcher, for a sink's run) removes it to cancel (the worker stops the
+run when it sees the file gone).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import datetime
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 import orjson
 
@@ -34,10 +37,14 @@ class BackfillRequest:
     table: str
     where: Optional[str]
     requested_at: str = ""
+    sink: Optional[str] = None      # the run is this sink's alone (lapidus.sink_runs)
 
     def fields(self) -> dict:
-        return {"n": self.n, "table": self.table, "where": self.where,
-                "requested_at": self.requested_at}
+        fields = {"n": self.n, "table": self.table, "where": self.where,
+                  "requested_at": self.requested_at}
+        if self.sink is not None:
+            fields["sink"] = self.sink
+        return fields
 
 
 class BackfillQueue:
@@ -48,7 +55,8 @@ class BackfillQueue:
 
     # -- supervisor -----------------------------------------------------------------------
 
-    def add(self, table: str, where: Optional[str]) -> BackfillRequest:
+    def add(self, table: str, where: Optional[str],
+            sink: Optional[str] = None) -> BackfillRequest:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         sequence = self.directory / "sequence"
         try:
@@ -59,13 +67,17 @@ class BackfillQueue:
         n = max([last] + [r.n for r in self.pending()] + [r["n"] for r in self.refused()]) + 1
         write_durably(sequence, str(n).encode())
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        request = BackfillRequest(n, table, where, now.replace("+00:00", "Z"))
+        request = BackfillRequest(n, table, where, now.replace("+00:00", "Z"), sink)
         write_durably(self._path(n, "json"), orjson.dumps(request.fields()))
         return request
 
-    def cancel(self, table: Optional[str] = None) -> List[BackfillRequest]:
-        """Remove the requests (of ``table``, as given to :meth:`add`, or all); returns them."""
-        gone = [r for r in self.pending() if table is None or r.table == table]
+    def cancel(self, table: Optional[str] = None,
+               runs: Optional[Iterable[int]] = None) -> List[BackfillRequest]:
+        """Remove the requests (of ``table``, as given to :meth:`add`, or those numbered in
+        ``runs``, or all); returns them."""
+        numbers = None if runs is None else set(runs)
+        gone = [r for r in self.pending() if (table is None or r.table == table)
+                and (numbers is None or r.n in numbers)]
         for request in gone:
             self._remove(self._path(request.n, "json"))
         return gone
@@ -81,7 +93,8 @@ class BackfillQueue:
                 fields = orjson.loads(path.read_bytes())
                 requests.append(BackfillRequest(int(fields["n"]), str(fields["table"]),
                                                 fields.get("where"),
-                                                fields.get("requested_at", "")))
+                                                fields.get("requested_at", ""),
+                                                fields.get("sink")))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return sorted(requests, key=lambda r: r.n)

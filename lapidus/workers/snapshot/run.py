@@ -21,6 +21,7 @@ from __future__ import annotations
 import uuid
 from typing import List, Optional, Sequence
 
+from ...sink_runs import end_event, run_label
 from ..base import BackendError
 from .events import read_events
 from .progress import SnapshotProgress
@@ -106,10 +107,14 @@ class SnapshotRun:
         appended to ``events`` (the source then ends the batch)."""
         window, self.window = self.window, None
         rows = window.remaining_keyed()
-        events.extend(read_events(self.backend, self.progress.n, window.schema, window.table,
-                                  rows, position, ts))
-        self.progress.chunk_emitted(window.last_key, len(rows), window.selected,
-                                    self.chunk_rows)
+        progress = self.progress
+        events.extend(read_events(self.backend, run_label(progress.n, progress.sink),
+                                  window.schema, window.table, rows, position, ts))
+        progress.chunk_emitted(window.last_key, len(rows), window.selected, self.chunk_rows)
+        if progress.done and progress.sink is not None:
+            # a sink's run says where it ends (its tables are one: a backfill's)
+            events.append(end_event(self.backend, progress.n, progress.sink, window.schema,
+                                    window.table, progress.rows, position, ts))
         self._finish_if_done()
 
     def skip_table(self, schema: str, table: str) -> None:

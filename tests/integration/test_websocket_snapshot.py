@@ -1,0 +1,175 @@
+"""``snapshot=1``: a websocket client gets its tables' current rows as ``read`` events in its
+stream, then the live tail, through the real lapidus process (PostgreSQL, websocket + stdout).
+
+The check is the folding guarantee of docs/snapshots.md, for one client: what it received,
+applied in order, equals the table, whatever a concurrent writer did meanwhile and across a
+kill -9 of the worker.  The run is that client's alone: stdout (the other sink) and the other
+clients never see its ``read`` events.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.integration.conftest import pg_backend, pg_connect, status
+from tests.integration.snapshot_helpers import fold, snapshot_state, until
+from tests.integration.test_pg_snapshot import Writer, make_table, table_content
+from tests.integration.websocket_fixtures import client_loop, free_port
+from tests.integration.test_websocket_sink import AUTH, TOKEN, url
+
+__all__ = ["client_loop"]      # a fixture, imported for pytest
+
+pytestmark = pytest.mark.integration
+
+SENTINEL = 10_000_000
+
+
+def start(lapidus_factory, pg_db, port: int, **backend_options):
+    proc = lapidus_factory({
+        "backends": [pg_backend(pg_db, decoder="pgoutput", **backend_options)],
+        "plugins": {"websocket": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]},
+                    "stdout": {}}})
+    until(proc, lambda: '"streaming"' in proc.log() and "websocket listener ready"
+          in proc.log(), 30, "the backend streaming and the websocket listener ready")
+    return proc
+
+
+def states(client):
+    return [(f["state"], f["table"]) for f in client.frames if f.get("type") == "snapshot"]
+
+
+def wait_state(proc, client, state, timeout=90):
+    until(proc, lambda: any(f.get("type") == "snapshot" and f["state"] == state
+                            for f in client.frames) or client.ended.is_set(),
+          timeout, f"the client's snapshot frame {state!r}")
+    assert not client.ended.is_set(), (client.close_code, client.close_reason, client.error)
+
+
+def finish_with_sentinel(pg_db, proc, clients):
+    """A row written after everything else: once a client has it, it has all before it."""
+    pg_db.sql(f"INSERT INTO t VALUES ({SENTINEL}, 'end', 0)")
+    for client in clients:
+        until(proc, lambda: any(e["pk"] == {"id": SENTINEL} for e in client.events()), 30,
+              "the sentinel row at the client")
+
+
+def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_one_else(
+        lapidus_factory, pg_db, client_loop):
+    make_table(pg_db, 20_000)
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=500)
+    writer = Writer(pg_db, 20_000, pause=0.001)
+    writer.start()
+    plain = client_loop.connect(url(port, subjects="public.t.>"), AUTH)
+    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    try:
+        wait_state(proc, reader, "done")
+    finally:
+        writer.stop()
+    finish_with_sentinel(pg_db, proc, [reader, plain])
+    assert fold(reader.events()) == table_content(pg_db)
+    assert states(reader) == [("queued", "public.t"), ("done", "public.t")]
+    queued, done = [f for f in reader.frames if f.get("type") == "snapshot"]
+    assert queued["backend"] == "pg" and done["n"] == queued["n"]
+    reads = [e for e in reader.events() if e["type"] == "read"]
+    assert done["rows"] == len(reads) > 15_000
+    assert all(e["id"].startswith(f"pg:read:{done['n']}@websocket:public.t:") for e in reads)
+    # the writer really wrote while the rows were read: changes between the reads
+    kinds = [e["type"] for e in reader.events()]
+    first, last = kinds.index("read"), len(kinds) - 1 - kinds[::-1].index("read")
+    assert sum(k != "read" for k in kinds[first:last]) > 20
+    # the run was this client's: not the other client's, not the other sink's
+    assert not [f for f in plain.frames if f.get("type") in ("read", "snapshot")]
+    stream = proc.events()
+    assert stream and not [e for e in stream if e["type"] in ("read", "snapshot")]
+    assert [e["id"] for e in plain.events()] == [e["id"] for e in stream
+                                                 if e["id"] in set(e["id"] for e in
+                                                                   plain.events())]
+    assert plain.events()[-1]["pk"] == {"id": SENTINEL}
+    row = until(proc, lambda: (lambda r: r if r.get("state") == "done" else None)(
+        snapshot_state(proc)), 10, "the run done in lapidusctl status")
+    assert row["sink"] == "websocket" and row["rows"] == done["rows"]
+    assert "Traceback" not in proc.log()
+
+
+def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to_the_table(
+        lapidus_factory, pg_db, client_loop):
+    make_table(pg_db, 100_000)
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=500, batch_size=500,
+                 max_inflight_batches=1)
+    writer = Writer(pg_db, 100_000, pause=0.002)
+    writer.start()
+    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    try:
+        until(proc, lambda: sum(f.get("type") == "read" for f in reader.frames) >= 20_000, 60,
+              "20,000 rows at the client")
+        dispatcher = proc.worker_pid("dispatch")
+        os.kill(dispatcher, signal.SIGSTOP)     # holds the run mid-way until the kill
+        try:
+            assert snapshot_state(proc).get("state") == "running"
+            old = proc.worker_pid("pg")
+            os.kill(old, signal.SIGKILL)
+        finally:
+            os.kill(dispatcher, signal.SIGCONT)
+        wait_until(lambda: proc.worker_pid("pg") != old, 30, message="a new worker")
+        wait_state(proc, reader, "done", 120)
+    finally:
+        writer.stop()
+    assert "snapshot resumed" in proc.log()
+    finish_with_sentinel(pg_db, proc, [reader])
+    assert fold(reader.events()) == table_content(pg_db)
+    reads = [f for f in reader.frames if f.get("type") == "read"]
+    # resumed from a chunk: the rows read again are few (repeats are not sent twice)
+    assert len(reads) < 100_000 * 1.05
+    assert len({e["id"] for e in reads}) == len(reads)
+    assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
+
+
+def test_unknown_tables_are_refused_by_frame_and_a_client_that_leaves_cancels_its_run(
+        lapidus_factory, pg_db, client_loop):
+    make_table(pg_db, 200_000)
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
+                 max_inflight_batches=1)
+    nosuch = client_loop.connect(url(port, subjects="public.nosuch.>", snapshot="pg"), AUTH)
+    wait_state(proc, nosuch, "refused", 30)
+    refused = [f for f in nosuch.frames if f.get("state") == "refused"][0]
+    assert refused["table"] == "public.nosuch" and "nosuch" in refused["reason"]
+
+    leaving = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    until(proc, lambda: sum(f.get("type") == "read" for f in leaving.frames) >= 1000, 60,
+          "the first rows at the client")
+    leaving.disconnect()
+    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled", 30,
+          "the run cancelled")
+    assert '"websocket snapshot runs cancelled: their client left"' in proc.log()
+    sinks = status(proc.config_path)["pg"]["sinks"]["websocket"]
+    assert sinks["snapshot_runs"] == 0
+    # the backend streams on
+    pg_connect(pg_db.name).cursor().execute("SELECT 1")
+    assert "Traceback" not in proc.log()
+
+
+def test_snapshot_requests_that_cannot_work_are_refused_at_the_handshake(
+        lapidus_factory, pg_db, client_loop):
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2))")
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port)
+    for query, reason in [
+            ({"subjects": "public.>", "snapshot": "1"}, "does not name one table"),
+            ({"snapshot": "1"}, "needs subjects"),
+            ({"subjects": "public.t.>", "snapshot": "nosuch"}, "backend names"),
+            ({"subjects": "public.t.>", "snapshot": "1", "after": "pg:0/0:0"}, "not both")]:
+        client = client_loop.connect(url(port, **query), AUTH)
+        assert client.ended.wait(10)
+        assert client.error is not None and client.error.response.status_code == 400, query
+        assert reason in client.error.response.body.decode(), query
+        assert client.frames == []
+    wait_until(lambda: status(proc.config_path)["pg"]["sinks"]["websocket"]["refused"] == 4,
+               10, message="4 refusals in lapidusctl status")
+    assert "Traceback" not in proc.log()
