@@ -322,6 +322,23 @@ def test_a_backfill_under_a_concurrent_writer_folds_to_the_collection(mongo_proc
     assert copy == content(mongo, where={"grp": 1})
 
 
+def test_a_run_made_for_one_sink_is_marked_as_its_own_and_ends_with_its_end_event(
+        mongo, sources, tmp_path):
+    """A websocket client's snapshot=1 on MongoDB (lapidus.sink_runs): its ids carry the
+    sink, and its last event says the collection was read to the end."""
+    fill(mongo, 1200)
+    source, pump = streaming(sources, mongo, tmp_path, snapshot_chunk_rows=250)
+    source.start_backfill(3, "docs", None, sink="websocket")
+    pump.until(lambda d: not source.snapshot_running(), "the run", timeout=60)
+    reads = [e for e in pump.delivered if e.type == "read"]
+    head = f"{BACKEND}:read:3@websocket:{mongo.database}.docs:"
+    assert len(reads) == 1200 and all(e.id.startswith(head) for e in reads)
+    (end,) = [e for e in pump.delivered if e.type == "snapshot"]
+    assert end.id == f"{BACKEND}:snapshot:3@websocket" and end.item == {"rows": 1200}
+    assert pump.delivered[-1] == end
+    assert source.status()["snapshot"]["sink"] == "websocket"
+
+
 def test_a_cancelled_backfill_stops_and_says_so(mongo, sources, tmp_path):
     fill(mongo, 3000)
     source, pump = streaming(sources, mongo, tmp_path, snapshot_chunk_rows=500)

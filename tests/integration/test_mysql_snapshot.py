@@ -241,6 +241,30 @@ def test_backfills_under_a_concurrent_writer_fold_to_the_table(sql, open_source)
     assert source.snapshot_running() is False
 
 
+def test_a_run_made_for_one_sink_is_marked_as_its_own_and_ends_with_its_end_event(
+        sql, open_source):
+    """A websocket client's snapshot=1 on MariaDB (lapidus.sink_runs): the same backfill, its
+    ids carry the sink, and its last event says the table was read to the end."""
+    make_table(sql, 3_000)
+    source = open_source(snapshot_chunk_rows=500)
+    writer = Writer(3_000, seed=5)
+    writer.start()
+    try:
+        source.start_backfill(4, "t", None, sink="websocket")
+        events, _ = read_until(source, lambda ev: source.snapshot_progress.done, timeout=60)
+    finally:
+        writer.stop()
+    sql.run("INSERT INTO t VALUES (-1, 'sentinel', 0)")
+    events += read_until(source, lambda ev: any(e.pk == {"id": -1} for e in ev))[0]
+    reads = [e for e in events if e.type == "read"]
+    assert reads and all(e.id.startswith(f"crm:read:4@websocket:{DATABASE}.t:") for e in reads)
+    (end,) = [e for e in events if e.type == "snapshot"]
+    assert end.id == "crm:snapshot:4@websocket" and end.item == {"rows": len(reads)}
+    assert events.index(end) > events.index(reads[-1])
+    assert source.status()["snapshot"]["sink"] == "websocket"
+    assert with_text_decimals(fold(as_dicts(events))) == table_content(sql)
+
+
 def test_backfills_that_cannot_run_are_refused_clearly(sql, open_source):
     sql.run("CREATE TABLE t (id INT PRIMARY KEY, v TEXT)", "CREATE TABLE loose (x INT)",
             "CREATE TABLE hidden (id INT PRIMARY KEY)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -18,14 +20,16 @@ from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, pg_connect, status
 from tests.integration.snapshot_helpers import fold, snapshot_state, until
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
+from tests.integration.test_status_page import Page, browser
 from tests.integration.websocket_fixtures import client_loop, free_port
 from tests.integration.test_websocket_sink import AUTH, TOKEN, url
 
-__all__ = ["client_loop"]      # a fixture, imported for pytest
+__all__ = ["client_loop", "browser"]      # fixtures, imported for pytest
 
 pytestmark = pytest.mark.integration
 
 SENTINEL = 10_000_000
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "websocket" / "index.html"
 
 
 def start(lapidus_factory, pg_db, port: int, **backend_options):
@@ -172,4 +176,29 @@ def test_snapshot_requests_that_cannot_work_are_refused_at_the_handshake(
         assert client.frames == []
     wait_until(lambda: status(proc.config_path)["pg"]["sinks"]["websocket"]["refused"] == 4,
                10, message="4 refusals in lapidusctl status")
+    assert "Traceback" not in proc.log()
+
+
+def test_the_example_page_shows_the_current_rows_then_the_changes_in_chromium(
+        lapidus_factory, pg_db, browser):
+    """examples/websocket/index.html in a real browser: its first connection asks for
+    snapshot=1, so rows written before the page opened show, then each change."""
+    pg_db.sql("CREATE TABLE items (id int PRIMARY KEY, name text)",
+              "INSERT INTO items SELECT g, 'before-' || g FROM generate_series(1, 3) g")
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port)
+    page = Page(browser, "")
+    try:
+        query = urlencode({"url": f"ws://127.0.0.1:{port}/events", "token": TOKEN,
+                           "subjects": "public.items.>"})
+        page.tab.goto(f"{EXAMPLE.as_uri()}?{query}")
+        names = ("() => [...document.querySelectorAll('#rows tr')]"
+                 ".map(tr => tr.cells[2].textContent).sort().join(',')")
+        assert page.until(f"() => ({names})() === 'before-1,before-2,before-3' && "
+                          "document.getElementById('state').textContent.includes('loaded')")
+        pg_db.sql("INSERT INTO items VALUES (4, 'after-4')", "DELETE FROM items WHERE id = 1")
+        assert page.until(f"() => ({names})() === 'after-4,before-2,before-3'")
+        assert page.errors == []
+    finally:
+        page.close()
     assert "Traceback" not in proc.log()
