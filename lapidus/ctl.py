@@ -244,6 +244,8 @@ def snapshot_text(snapshot: dict) -> str:
     done, estimate = snapshot.get("table_rows", 0), snapshot.get("table_rows_estimated")
     of = f"/~{estimate} rows ({min(100, done * 100 // estimate)}%)" if estimate else " rows"
     what = "snapshot" if not snapshot.get("n") else f"backfill {snapshot['n']}"
+    if snapshot.get("sink"):
+        what += f" for a {snapshot['sink']} client"      # lapidus.sink_runs
     where = f" where {snapshot['where']}" if snapshot.get("where") else ""
     return (f"{what} {snapshot.get('table')}{where} {done}{of}, "
             f"{snapshot.get('rows_per_second', 0):.0f} rows/s, "

@@ -40,11 +40,16 @@ class SnapshotRequests:
     def cancel(self, numbers: Iterable[int]) -> None:
         self.queue.cancel(runs=list(numbers))
 
-    def refused(self, numbers: Iterable[int]) -> Dict[int, str]:
-        """The runs among ``numbers`` the worker refused (unknown table ...): n -> reason."""
-        wanted = set(numbers)
-        return {r["n"]: str(r.get("reason")) for r in self.queue.refused()
-                if r.get("n") in wanted}
+    def settled(self, numbers: Iterable[int]) -> Dict[int, Optional[str]]:
+        """The runs among ``numbers`` whose request is gone: n -> the worker's reason for a
+        refused one (unknown table ...), None for one cancelled by someone else
+        (``lapidusctl backfill --cancel``).  A run that ends keeps its request until the
+        sink has had its end, so it is never among them."""
+        wanted = set(numbers) - {r.n for r in self.queue.pending()}
+        if not wanted:
+            return {}
+        reasons = {r.get("n"): str(r.get("reason")) for r in self.queue.refused()}
+        return {n: reasons.get(n) for n in wanted}
 
     def leftovers(self, keep: Iterable[int] = ()) -> List[int]:
         """This sink's queued or running runs that are not in ``keep``: asked for by an

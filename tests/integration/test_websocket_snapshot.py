@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import pg_backend, pg_connect, status
+from tests.integration.conftest import ctl, pg_backend, pg_connect, status
 from tests.integration.snapshot_helpers import fold, snapshot_state, until
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 from tests.integration.test_status_page import Page, browser
@@ -134,7 +134,7 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
     assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
 
 
-def test_unknown_tables_are_refused_by_frame_and_a_client_that_leaves_cancels_its_run(
+def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_run(
         lapidus_factory, pg_db, client_loop):
     make_table(pg_db, 200_000)
     port = free_port()
@@ -145,12 +145,23 @@ def test_unknown_tables_are_refused_by_frame_and_a_client_that_leaves_cancels_it
     refused = [f for f in nosuch.frames if f.get("state") == "refused"][0]
     assert refused["table"] == "public.nosuch" and "nosuch" in refused["reason"]
 
+    # an operator's lapidusctl backfill --cancel stops a client's run too: the client hears it
+    stopped = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    until(proc, lambda: sum(f.get("type") == "read" for f in stopped.frames) >= 1000, 60,
+          "the first rows at the client")
+    code, out, err = ctl(proc.config_path, "backfill", "pg", "--cancel")
+    assert code == 0, err
+    wait_state(proc, stopped, "cancelled", 30)
+    assert states(stopped) == [("queued", "public.t"), ("cancelled", "public.t")]
+    stopped.disconnect()
+
     leaving = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
     until(proc, lambda: sum(f.get("type") == "read" for f in leaving.frames) >= 1000, 60,
           "the first rows at the client")
+    n = leaving.frames[0]["n"]
     leaving.disconnect()
-    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled", 30,
-          "the run cancelled")
+    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
+          and snapshot_state(proc).get("n") == n, 30, "the run cancelled")
     assert '"websocket snapshot runs cancelled: their client left"' in proc.log()
     sinks = status(proc.config_path)["pg"]["sinks"]["websocket"]
     assert sinks["snapshot_runs"] == 0

@@ -170,3 +170,84 @@ def test_snapshot_tables_come_from_patterns_that_name_one_table():
                      ["_message.x.>"]):
         with pytest.raises(ValueError, match="snapshot=1"):
             tables_of(patterns)
+
+
+class FakeRequests:
+    """SnapshotRequests' interface over a dict of pending runs (no files)."""
+
+    def __init__(self, pending=()):
+        self.sink = "websocket"
+        self.unavailable = None
+        self.pending = {n: None for n in pending}       # n -> refusal reason or None
+        self.refusals = {}
+        self.cancelled = []
+        self.woken = 0
+
+    def request(self, table):
+        n = max([0, *self.pending, *self.refusals, *self.cancelled]) + 1
+        self.pending[n] = table
+        return n
+
+    def wake(self):
+        self.woken += 1
+
+    def cancel(self, numbers):
+        for n in numbers:
+            self.pending.pop(n, None)
+            self.cancelled.append(n)
+
+    def settled(self, numbers):
+        return {n: self.refusals.get(n) for n in numbers if n not in self.pending}
+
+    def leftovers(self, keep=()):
+        return [n for n in self.pending if n not in set(keep)]
+
+
+class FakeClient:
+    def __init__(self):
+        self.written = []
+
+    def write(self, data, count):
+        self.written.append(orjson.loads(data[2:]))
+
+
+def test_runs_of_clients_gone_are_cancelled_and_refused_or_cancelled_ones_are_told():
+    from lapidus.sinks.websocket.snapshots import SnapshotRuns
+    runs = SnapshotRuns(structlog.get_logger())
+    requests = FakeRequests(pending=[1, 2])          # an earlier listener's clients' runs
+    runs.attach("shop", requests)
+    assert requests.cancelled == [1, 2]
+    a, b = FakeClient(), FakeClient()
+    labels, queued = runs.start(a, ["shop"], ["public.items", "public.orders"])
+    assert labels == ["3@websocket", "4@websocket"] and requests.woken == 1
+    assert b"public.orders" in queued
+    runs.start(b, ["shop"], ["public.items"])                  # run 5
+    assert runs.wanted("shop", "3@websocket") and not runs.wanted("shop", "1@websocket")
+    # the worker refused 4; an operator cancelled 5
+    requests.refusals[4] = "no such table"
+    del requests.pending[4]
+    del requests.pending[5]
+    runs.check_settled()
+    assert [(f["state"], f["n"]) for f in a.written] == [("refused", 4)]
+    assert a.written[0]["reason"] == "no such table"
+    assert [(f["state"], f["n"]) for f in b.written] == [("cancelled", 5)]
+    runs.gone(a)
+    assert requests.cancelled[-1:] == [3] and not runs.queued()
+
+
+def test_the_dispatchers_requests_are_the_backends_queue_files(tmp_path):
+    from lapidus.supervisor.sink_snapshots import SnapshotRequests
+    woken = []
+    requests = SnapshotRequests(str(tmp_path), "shop", "websocket", woken.append)
+    first, second = requests.request("public.items"), requests.request("nosuch")
+    queue = BackfillQueue(tmp_path / "shop")
+    assert [(r.n, r.table, r.sink) for r in queue.pending()] == [
+        (first, "public.items", "websocket"), (second, "nosuch", "websocket")]
+    operators = queue.add("public.items", None)
+    assert requests.leftovers(keep=[first]) == [second]      # not the operator's
+    assert requests.settled([first, second]) == {}
+    queue.refuse(queue.pending()[1], "no such table", keep=5)
+    queue.cancel(runs=[first])
+    assert requests.settled([first, second]) == {first: None, second: "no such table"}
+    requests.wake()
+    assert woken == ["shop"] and [r.n for r in queue.pending()] == [operators.n]

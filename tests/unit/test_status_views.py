@@ -117,6 +117,9 @@ def test_a_running_backfill_and_the_queue_show_below_the_table_and_in_metrics():
     assert sample(body, "lapidus_snapshot_number", backend="shop") == 3
     assert sample(body, "lapidus_backfills_queued", backend="shop") == 1
     assert "lapidus_snapshot_table_rows_estimated" not in sample_names(body)   # None: unknown
+    status["backends"][0]["snapshot"].update(sink="websocket", where=None)
+    assert format_status(status).splitlines()[2] == \
+        "shop: backfill 3 for a websocket client public.t 5 rows, 2 rows/s, table 1 of 1"
 
 
 def test_many_backends_a_summary_and_filters_by_name_and_state():

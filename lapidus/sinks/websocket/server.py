@@ -10,8 +10,8 @@ The opening handshake (:meth:`Hub.check_request`) refuses, before anything is se
 (404), a missing or unknown token (401), an origin not in ``origins`` (403), a malformed query
 (400), a full house (503).  Query parameters: ``subjects`` (comma-separated patterns), ``after``
 (an event id, once per backend), ``token``, ``snapshot`` (``1``, or backend names: the
-subscribed tables' current rows first, :mod:`.snapshots`).  Only the websockets library's handshake, pings and
-close are used; event frames are written by :mod:`.clients`.
+subscribed tables' current rows first, :mod:`.snapshots`).  Only the websockets library's
+handshake, pings and close are used; event frames are written by :mod:`.clients`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .clients import Client, Subscription
 from .options import Grant, WebsocketOptions
 from .patterns import both, pattern_problem
 from .replay import ReplayBuffer, text_frame
-from .snapshots import REFUSALS_EVERY, SnapshotRuns, tables_of
+from .snapshots import SETTLED_EVERY, SnapshotRuns, tables_of
 
 #: high-water mark of a client's write buffer (the websocket library's ``write_limit``):
 #: above it the client counts as behind and is fed from the replay buffer as it drains
@@ -87,7 +87,7 @@ class Hub:
         self.clients: List[Client] = []
         self.pending: "weakref.WeakKeyDictionary[Any, Tuple]" = weakref.WeakKeyDictionary()
         self.snapshots = SnapshotRuns(log)
-        self._watching_refusals = False
+        self._watching_runs = False
         self.server = None
         self.start_error: Optional[str] = None
         self.down_since: Optional[float] = time.monotonic()
@@ -306,10 +306,17 @@ class Hub:
         gaps = []
         if snapshot is not None:
             # before the client joins: its runs are known before any of their events come
-            labels, queued = self.snapshots.start(client, *snapshot)
+            try:
+                labels, queued = self.snapshots.start(client, *snapshot)
+            except OSError as exc:
+                self.log.error("websocket snapshot run could not be queued", error=str(exc),
+                               peer=client.peer)
+                await connection.close(1011, f"snapshot=1: cannot queue the run: "
+                                             f"{exc.strerror or exc}"[:120])
+                return
             client.subscription = subscription.with_runs(frozenset(labels))
             gaps.append(queued)
-            self._watch_refusals()
+            self._watch_runs()
         for backend, buffer in self.buffers.items():
             client.cursors[backend] = buffer.head
             event_id = after.get(backend)
@@ -351,19 +358,19 @@ class Hub:
                           clients=len(self.clients), frames=client.frames,
                           code=connection.close_code)
 
-    def _watch_refusals(self) -> None:
-        """While snapshot runs are queued, look for refused ones once a second."""
-        if self._watching_refusals:
+    def _watch_runs(self) -> None:
+        """While snapshot runs are queued, look for refused or cancelled ones once a second."""
+        if self._watching_runs:
             return
-        self._watching_refusals = True
+        self._watching_runs = True
 
         async def watch():
             try:
                 while self.snapshots.queued() and self.server is not None:
-                    await asyncio.sleep(REFUSALS_EVERY)
-                    self.snapshots.check_refused()
+                    await asyncio.sleep(SETTLED_EVERY)
+                    self.snapshots.check_settled()
             finally:
-                self._watching_refusals = False
+                self._watching_runs = False
         self.spawn(watch())
 
     # -- events -------------------------------------------------------------------------

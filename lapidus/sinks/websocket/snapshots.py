@@ -9,8 +9,8 @@ at the live head when it connects, and the run's ``read`` events come in it wher
 put them, between the changes: so a client that applies what it receives in order (read,
 insert, update: the row; delete: gone) ends with each table's current rows, as a backfill's
 consumer does (docs/snapshots.md).  Frames of type ``snapshot`` tell it how each run goes:
-``queued`` at once, then ``done`` (in the stream, after the run's last ``read`` event) or
-``refused`` (with the worker's reason).
+``queued`` at once, then ``done`` (in the stream, after the run's last ``read`` event),
+``refused`` (with the worker's reason) or ``cancelled`` (by ``lapidusctl backfill --cancel``).
 
 A run is asked for synchronously, on the loop (:class:`lapidus.supervisor.sink_snapshots
 .SnapshotRequests`, a few fsyncs): its number, and so the client it belongs to, is then known
@@ -31,8 +31,8 @@ from .replay import text_frame
 if TYPE_CHECKING:
     from .clients import Client
 
-#: seconds between looks for refused runs, while some are queued
-REFUSALS_EVERY = 1.0
+#: seconds between looks for refused or cancelled runs, while some are queued
+SETTLED_EVERY = 1.0
 
 
 class RunSubject(str):
@@ -116,18 +116,23 @@ class SnapshotRuns:
     def start(self, client: "Client", backends: Sequence[str], tables: Sequence[str]
               ) -> Tuple[List[str], bytes]:
         """Ask for a run per backend and table for ``client``: its run labels, and the
-        ``queued`` frames to send it first."""
+        ``queued`` frames to send it first.  OSError (the request files cannot be written)
+        after cancelling the runs already asked for."""
         labels, frames = [], []
-        for backend in backends:
-            requests = self.requests[backend]
-            for table in tables:
-                n = requests.request(table)
-                run = Run(backend, n, run_label(n, requests.sink), table)
-                run.clients.add(client)
-                self.runs.setdefault(backend, {})[run.label] = run
-                labels.append(run.label)
-                frames.append(state_frame(run, "queued"))
-            requests.wake()
+        try:
+            for backend in backends:
+                requests = self.requests[backend]
+                for table in tables:
+                    n = requests.request(table)
+                    run = Run(backend, n, run_label(n, requests.sink), table)
+                    run.clients.add(client)
+                    self.runs.setdefault(backend, {})[run.label] = run
+                    labels.append(run.label)
+                    frames.append(state_frame(run, "queued"))
+                requests.wake()
+        except OSError:
+            self.gone(client)
+            raise
         return labels, b"".join(frames)
 
     def wanted(self, backend: str, label: str) -> bool:
@@ -160,22 +165,25 @@ class SnapshotRuns:
     def queued(self) -> bool:
         return any(self.runs.values())
 
-    def check_refused(self) -> None:
-        """Runs the worker refused (a table it does not stream ...): tell their clients."""
+    def check_settled(self) -> None:
+        """Runs that will not end: refused by the worker (a table it does not stream ...) or
+        cancelled by an operator (``lapidusctl backfill --cancel``); tell their clients."""
         for backend, runs in self.runs.items():
             if not runs:
                 continue
-            refused = self.requests[backend].refused(run.n for run in runs.values())
+            settled = self.requests[backend].settled(run.n for run in runs.values())
             for label, run in list(runs.items()):
-                reason = refused.get(run.n)
-                if reason is None:
+                if run.n not in settled:
                     continue
                 del runs[label]
-                frame = state_frame(run, "refused", reason=reason)
+                reason = settled[run.n]
+                frame = (state_frame(run, "cancelled") if reason is None
+                         else state_frame(run, "refused", reason=reason))
                 for client in run.clients:
                     client.write(frame, 0)
-                self.log.info("websocket snapshot run refused", backend=backend, n=run.n,
-                              table=run.table, reason=reason)
+                self.log.info("websocket snapshot run " + ("cancelled" if reason is None
+                                                           else "refused"),
+                              backend=backend, n=run.n, table=run.table, reason=reason)
 
 
 __all__ = ("RunSubject", "SnapshotRuns", "tables_of")
