@@ -21,6 +21,7 @@ from lapidus.workers.snapshot.events import read_events
 from lapidus.workers.snapshot.progress import SnapshotProgress
 from lapidus.workers.snapshot.requests import BackfillQueue
 from lapidus.workers.snapshot.run import SnapshotRun
+from tests.unit.test_dispatcher_pipeline import RecordingWriter
 
 
 def records_of(events):
@@ -75,21 +76,11 @@ def test_a_routed_batch_reaches_each_sink_with_its_share_and_is_acked():
         async def send(self, records):
             self.deliveries.append((list(records), records.routed))
 
-    class Writer:
-        def __init__(self):
-            self.data = bytearray()
-
-        def write(self, data):
-            self.data += data
-
-        def is_closing(self):
-            return False
-
     async def run():
         stdout, websocket = Recorder(), Recorder()
         pipeline = Pipeline("shop", [stdout, websocket], structlog.get_logger(),
                             names=["stdout", "websocket"])
-        writer = Writer()
+        writer = RecordingWriter()
         generation = pipeline.attach(writer)
         only_runs = reads(7, "websocket", [1, 2])
         pipeline.queue.put_nowait((generation, 1, Delivery(only_runs, routed=True)))
