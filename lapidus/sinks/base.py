@@ -93,7 +93,8 @@ class Sink(abc.ABC):
     #: the sink asks the worker for snapshot runs of its own (the websocket sink's
     #: ``snapshot=1``, :mod:`lapidus.sink_runs`): the dispatcher sets
     #: :attr:`snapshot_requests` before :meth:`start`, an object with ``request(table) ->
-    #: n``, ``cancel(numbers)``, ``settled(numbers) -> {n: reason or None}`` and ``unavailable``
+    #: n``, ``cancel(numbers)``, ``settled(numbers) -> {n: reason or None}``,
+    #: ``not_started(numbers) -> [n, ...]`` and ``unavailable``
     #: (None, or why runs cannot be asked for); see
     #: :class:`lapidus.supervisor.sink_snapshots.SnapshotRequests`.
     asks_for_snapshots: bool = False

@@ -51,6 +51,14 @@ class SnapshotRequests:
         reasons = {r.get("n"): str(r.get("reason")) for r in self.queue.refused()}
         return {n: reasons.get(n) for n in wanted}
 
+    def not_started(self, numbers: Iterable[int]) -> List[int]:
+        """The runs among ``numbers`` that provably have not started: still queued behind an
+        older request (the worker runs the oldest first, one at a time, and a run's request
+        stays until its end is confirmed), so a client that joins one now sees every change
+        its chunks are read between."""
+        pending = [r.n for r in self.queue.pending()]
+        return [n for n in numbers if n in pending and pending[0] < n]
+
     def leftovers(self, keep: Iterable[int] = ()) -> List[int]:
         """This sink's queued or running runs that are not in ``keep``: asked for by an
         earlier dispatcher or listener whose clients are gone."""

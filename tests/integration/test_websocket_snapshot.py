@@ -170,6 +170,39 @@ def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_
     assert "Traceback" not in proc.log()
 
 
+def test_clients_whose_table_waits_behind_another_backfill_share_one_run(
+        lapidus_factory, pg_db, client_loop):
+    make_table(pg_db, 3_000)
+    pg_db.sql("CREATE TABLE big (id int PRIMARY KEY, v text)",
+              "INSERT INTO big SELECT g, 'x' FROM generate_series(1, 200000) g")
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
+                 max_inflight_batches=1)
+    code, _, err = ctl(proc.config_path, "backfill", "pg", "big")    # an operator's, long
+    assert code == 0, err
+    until(proc, lambda: snapshot_state(proc).get("table") == "public.big", 30,
+          "the operator's backfill running")
+    first = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    second = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    for client in (first, second):
+        wait_state(proc, client, "queued", 10)
+    assert first.frames[0]["n"] == second.frames[0]["n"]      # one run for both
+    writer = Writer(pg_db, 3_000, pause=0.002)
+    writer.start()
+    try:
+        code, _, err = ctl(proc.config_path, "backfill", "pg", "big", "--cancel")
+        assert code == 0, err
+        for client in (first, second):
+            wait_state(proc, client, "done", 60)
+    finally:
+        writer.stop()
+    finish_with_sentinel(pg_db, proc, [first, second])
+    assert fold(first.events()) == fold(second.events()) == table_content(pg_db)
+    assert [f["id"] for f in first.frames if f.get("type") == "read"] == \
+        [f["id"] for f in second.frames if f.get("type") == "read"]
+    assert proc.log().count('"backfill started"') == 2       # big, then the shared run
+
+
 def test_snapshot_requests_that_cannot_work_are_refused_at_the_handshake(
         lapidus_factory, pg_db, client_loop):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2))")

@@ -190,6 +190,9 @@ class FakeRequests:
     def settled(self, numbers):
         return {n: self.refusals.get(n) for n in numbers if n not in self.pending}
 
+    def not_started(self, numbers):
+        return [n for n in numbers if n in self.pending and min(self.pending) < n]
+
     def leftovers(self, keep=()):
         return [n for n in self.pending if n not in set(keep)]
 
@@ -237,8 +240,27 @@ def test_the_dispatchers_requests_are_the_backends_queue_files(tmp_path):
     operators = queue.add("public.items", None)
     assert requests.leftovers(keep=[first]) == [second]      # not the operator's
     assert requests.settled([first, second]) == {}
+    assert requests.not_started([first, second]) == [second]    # behind first
     queue.refuse(queue.pending()[1], "no such table", keep=5)
     queue.cancel(runs=[first])
     assert requests.settled([first, second]) == {first: None, second: "no such table"}
     requests.wake()
     assert woken == ["shop"] and [r.n for r in queue.pending()] == [operators.n]
+
+
+def test_clients_that_ask_for_a_table_whose_run_has_not_started_share_it():
+    from lapidus.sinks.websocket.snapshots import SnapshotRuns
+    runs = SnapshotRuns(structlog.get_logger())
+    requests = FakeRequests()
+    runs.attach("shop", requests)
+    requests.pending[1] = "an operator's backfill, running"
+    a, b, c = FakeClient(), FakeClient(), FakeClient()
+    assert runs.start(a, ["shop"], ["public.items"])[0] == ["2@websocket"]
+    assert runs.start(b, ["shop"], ["public.items", "public.orders"])[0] == \
+        ["2@websocket", "3@websocket"]
+    del requests.pending[1]                   # run 2 may start now: no one joins it any more
+    assert runs.start(c, ["shop"], ["public.items"])[0] == ["4@websocket"]
+    runs.gone(a)
+    assert requests.cancelled == []           # b still waits for run 2
+    runs.gone(b)
+    assert sorted(requests.cancelled) == [2, 3]

@@ -12,7 +12,8 @@ consumer does (docs/snapshots.md).  Frames of type ``snapshot`` tell it how each
 ``queued`` at once, then ``done`` (in the stream, after the run's last ``read`` event),
 ``refused`` (with the worker's reason) or ``cancelled`` (by ``lapidusctl backfill --cancel``).
 
-A run is asked for synchronously, on the loop (:class:`lapidus.supervisor.sink_snapshots
+Clients that ask for a table whose run for another client is still queued (not started)
+join that run instead of queueing one more.  A run is asked for synchronously, on the loop (:class:`lapidus.supervisor.sink_snapshots
 .SnapshotRequests`, a few fsyncs): its number, and so the client it belongs to, is then known
 before any of its events can arrive.  A client that goes away cancels its runs.
 """
@@ -123,10 +124,12 @@ class SnapshotRuns:
             for backend in backends:
                 requests = self.requests[backend]
                 for table in tables:
-                    n = requests.request(table)
-                    run = Run(backend, n, run_label(n, requests.sink), table)
+                    run = self._joinable(backend, table, requests)
+                    if run is None:
+                        n = requests.request(table)
+                        run = Run(backend, n, run_label(n, requests.sink), table)
+                        self.runs.setdefault(backend, {})[run.label] = run
                     run.clients.add(client)
-                    self.runs.setdefault(backend, {})[run.label] = run
                     labels.append(run.label)
                     frames.append(state_frame(run, "queued"))
                 requests.wake()
@@ -134,6 +137,16 @@ class SnapshotRuns:
             self.gone(client)
             raise
         return labels, b"".join(frames)
+
+    def _joinable(self, backend: str, table: str, requests) -> Optional[Run]:
+        """A run of ``table`` for other clients that has not started yet: clients that
+        connect together share one read of the table instead of queueing one each."""
+        candidates = {run.n: run for run in self.runs.get(backend, {}).values()
+                      if run.table == table and run.clients}
+        if not candidates:
+            return None
+        waiting = requests.not_started(list(candidates))
+        return candidates[waiting[-1]] if waiting else None
 
     def wanted(self, backend: str, label: str) -> bool:
         run = self.runs.get(backend, {}).get(label)
