@@ -134,6 +134,42 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
     assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
 
 
+def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_other_sinks(
+        lapidus_factory, pg_db, client_loop):
+    make_table(pg_db, 100_000)
+    port = free_port()
+    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
+                 max_inflight_batches=1)
+    writer = Writer(pg_db, 100_000, pause=0.002)
+    writer.start()
+    try:
+        lost = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+        until(proc, lambda: sum(f.get("type") == "read" for f in lost.frames) >= 2000, 60,
+              "the first rows at the client")
+        n = lost.frames[0]["n"]
+        old = proc.worker_pid("dispatch")
+        os.kill(old, signal.SIGKILL)
+        assert lost.ended.wait(15)
+        wait_until(lambda: proc.worker_pid("dispatch") not in (None, old), 30,
+                   message="a new dispatcher")
+        # the new listener cancels the run of the client that went with the old one
+        until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
+              and snapshot_state(proc).get("n") == n, 30, "the orphaned run cancelled")
+        assert '"websocket snapshot runs of clients gone cancelled"' in proc.log()
+        until(proc, lambda: proc.log().count("websocket listener ready") >= 2, 30,
+              "the new listener")
+        again = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+        wait_state(proc, again, "done", 120)
+    finally:
+        writer.stop()
+    finish_with_sentinel(pg_db, proc, [again])
+    assert fold(again.events()) == table_content(pg_db)
+    # the worker sent its unconfirmed batches again to the new dispatcher: still no read
+    # event of either run reached the other sink
+    assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
+    assert "Traceback" not in proc.log()
+
+
 def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_run(
         lapidus_factory, pg_db, client_loop):
     make_table(pg_db, 200_000)
