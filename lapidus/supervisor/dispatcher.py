@@ -279,8 +279,8 @@ class Dispatcher:
 
     def wake_worker(self, backend: str) -> None:
         """Ask the supervisor to make ``backend``'s worker look at its backfill requests now
-        (it looks once a second by itself).  From the loop's thread only: the status pipe
-        has other writers there."""
+        (by itself it looks at its next keep-alive).  From the loop's thread only: the status
+        pipe has other writers there."""
         if self.status is not None:
             try:
                 self.status.send(("wake", {"backend": backend}))

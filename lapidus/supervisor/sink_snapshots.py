@@ -34,7 +34,7 @@ class SnapshotRequests:
         return self.queue.add(table, None, sink=self.sink).n
 
     def wake(self) -> None:
-        """Have the worker look at its requests now rather than within a second."""
+        """Have the worker look at its requests now rather than at its next keep-alive."""
         self._wake(self.backend)
 
     def cancel(self, numbers: Iterable[int]) -> None:
