@@ -227,7 +227,9 @@ def format_status(status: dict, total: Optional[int] = None) -> str:
         queued = (b.get("backfills") or {}).get("queued")
         if queued:
             lines.append(f"{b['name']}: backfills queued: " +
-                         ", ".join(f"{r['n']} {r['table']}" for r in queued))
+                         ", ".join(f"{r['n']} {r['table']}"
+                                   + (f" (for a {r['sink']} client)" if r.get("sink") else "")
+                                   for r in queued))
     cluster = status.get("cluster")
     if cluster:
         elsewhere = sorted(f"{b['name']} ({b['owner']})" for b in status.get("backends", [])

@@ -117,6 +117,10 @@ def test_a_running_backfill_and_the_queue_show_below_the_table_and_in_metrics():
     assert sample(body, "lapidus_snapshot_number", backend="shop") == 3
     assert sample(body, "lapidus_backfills_queued", backend="shop") == 1
     assert "lapidus_snapshot_table_rows_estimated" not in sample_names(body)   # None: unknown
+    status["backends"][0]["backfills"]["queued"].append(
+        {"n": 5, "table": "public.t", "where": None, "requested_at": "", "sink": "websocket"})
+    assert format_status(status).splitlines()[3] == \
+        "shop: backfills queued: 4 other, 5 public.t (for a websocket client)"
     status["backends"][0]["snapshot"].update(sink="websocket", where=None)
     assert format_status(status).splitlines()[2] == \
         "shop: backfill 3 for a websocket client public.t 5 rows, 2 rows/s, table 1 of 1"
