@@ -115,7 +115,9 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
         dispatcher = proc.worker_pid("dispatch")
         os.kill(dispatcher, signal.SIGSTOP)     # holds the run mid-way until the kill
         try:
-            assert snapshot_state(proc).get("state") == "running"
+            # the worker, held by its one batch in flight, goes on reporting its progress
+            until(proc, lambda: snapshot_state(proc).get("state") == "running", 15,
+                  "the run's progress in lapidusctl status")
             old = proc.worker_pid("pg")
             os.kill(old, signal.SIGKILL)
         finally:
