@@ -114,7 +114,7 @@ def drain_lapidus(workdir: Path, rows: int):
         f"{name} {value:.2f}" for name, value in sorted(cpu.items())))
     time.sleep(2.0)  # idle now: measure resident memory
     rss = {"supervisor": sup.memory_info().rss}
-    for child in sup.children():
+    for child in sup.children(recursive=True):      # workers are the fork server's children
         rss[child.name()] = child.memory_info().rss
     proc.send_signal(signal.SIGTERM)
     proc.wait(15)

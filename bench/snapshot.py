@@ -121,7 +121,8 @@ def run_copy() -> float:
 
 
 class WorkerWatch(threading.Thread):
-    """Polls the supervisor's child named ``lapidus:bench`` every 0.1 s; keeps its max RSS."""
+    """Polls the worker, ``lapidus:bench`` among the supervisor's descendants (the fork
+    server's child), every 0.1 s; keeps its max RSS."""
 
     def __init__(self, supervisor_pid: int):
         super().__init__(daemon=True)
@@ -132,7 +133,7 @@ class WorkerWatch(threading.Thread):
 
     def find(self):
         try:
-            for child in self.supervisor.children():
+            for child in self.supervisor.children(recursive=True):
                 if child.name() == WORKER_NAME:
                     return child
         except psutil.Error:
