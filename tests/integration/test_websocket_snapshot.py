@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend, pg_connect, status
-from tests.integration.snapshot_helpers import fold, snapshot_state, until
+from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, fold, snapshot_state, until
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 from tests.integration.test_status_page import Page, browser
 from tests.integration.websocket_fixtures import client_loop, free_port
@@ -42,6 +42,13 @@ def start(lapidus_factory, pg_db, port: int, **backend_options):
     return proc
 
 
+def start_on_table(lapidus_factory, pg_db, rows: int, **backend_options):
+    """Table ``t`` with ``rows`` rows, and lapidus on it: (the process, the websocket port)."""
+    make_table(pg_db, rows)
+    port = free_port()
+    return start(lapidus_factory, pg_db, port, **backend_options), port
+
+
 def states(client):
     return [(f["state"], f["table"]) for f in client.frames if f.get("type") == "snapshot"]
 
@@ -63,9 +70,7 @@ def finish_with_sentinel(pg_db, proc, clients):
 
 def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_one_else(
         lapidus_factory, pg_db, client_loop):
-    make_table(pg_db, 20_000)
-    port = free_port()
-    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=500)
+    proc, port = start_on_table(lapidus_factory, pg_db, 20_000, snapshot_chunk_rows=500)
     writer = Writer(pg_db, 20_000, pause=0.001)
     writer.start()
     plain = client_loop.connect(url(port, subjects="public.t.>"), AUTH)
@@ -102,10 +107,8 @@ def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_o
 
 def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to_the_table(
         lapidus_factory, pg_db, client_loop):
-    make_table(pg_db, 100_000)
-    port = free_port()
-    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=500, batch_size=500,
-                 max_inflight_batches=1)
+    proc, port = start_on_table(lapidus_factory, pg_db, 100_000,
+                                snapshot_chunk_rows=500, batch_size=500, max_inflight_batches=1)
     writer = Writer(pg_db, 100_000, pause=0.002)
     writer.start()
     reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
@@ -138,10 +141,7 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
 
 def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_other_sinks(
         lapidus_factory, pg_db, client_loop):
-    make_table(pg_db, 100_000)
-    port = free_port()
-    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
-                 max_inflight_batches=1)
+    proc, port = start_on_table(lapidus_factory, pg_db, 100_000, **MID_SNAPSHOT_WINDOW)
     writer = Writer(pg_db, 100_000, pause=0.002)
     writer.start()
     try:
@@ -174,10 +174,7 @@ def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_othe
 
 def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_run(
         lapidus_factory, pg_db, client_loop):
-    make_table(pg_db, 200_000)
-    port = free_port()
-    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
-                 max_inflight_batches=1)
+    proc, port = start_on_table(lapidus_factory, pg_db, 200_000, **MID_SNAPSHOT_WINDOW)
     nosuch = client_loop.connect(url(port, subjects="public.nosuch.>", snapshot="pg"), AUTH)
     wait_state(proc, nosuch, "refused", 30)
     refused = [f for f in nosuch.frames if f.get("state") == "refused"][0]
@@ -210,12 +207,9 @@ def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_
 
 def test_clients_whose_table_waits_behind_another_backfill_share_one_run(
         lapidus_factory, pg_db, client_loop):
-    make_table(pg_db, 3_000)
     pg_db.sql("CREATE TABLE big (id int PRIMARY KEY, v text)",
               "INSERT INTO big SELECT g, 'x' FROM generate_series(1, 200000) g")
-    port = free_port()
-    proc = start(lapidus_factory, pg_db, port, snapshot_chunk_rows=200, batch_size=200,
-                 max_inflight_batches=1)
+    proc, port = start_on_table(lapidus_factory, pg_db, 3_000, **MID_SNAPSHOT_WINDOW)
     code, _, err = ctl(proc.config_path, "backfill", "pg", "big")    # an operator's, long
     assert code == 0, err
     until(proc, lambda: snapshot_state(proc).get("table") == "public.big", 30,
