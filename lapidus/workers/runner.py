@@ -467,10 +467,11 @@ def _routed(source: Source, batch: Batch) -> bool:
     """Whether ``batch`` may hold events of a run made for one sink, which the dispatcher
     then gives to that sink only (lapidus.sink_runs).  Runs start between reads, so the
     source's run after the read is the run of the batch's ``read`` events; the event that
-    ends a sink's run is the last of its batch."""
+    ends a sink's run is the last of its batch, or the first (its table was dropped)."""
     progress = source.snapshot_progress
+    events = batch.events
     return progress is not None and progress.sink is not None \
-        and (not progress.done or batch.events[-1][1] == END)
+        and (not progress.done or events[-1][1] == END or events[0][1] == END)
 
 
 def _age(ts: Optional[str]) -> float:

@@ -205,6 +205,21 @@ def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_
     assert "Traceback" not in proc.log()
 
 
+def test_a_table_dropped_during_a_clients_run_still_ends_it_with_done(
+        lapidus_factory, pg_db, client_loop):
+    proc, port = start_on_table(lapidus_factory, pg_db, 200_000, **MID_SNAPSHOT_WINDOW)
+    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    until(proc, lambda: sum(f.get("type") == "read" for f in reader.frames) >= 1000, 60,
+          "the first rows at the client")
+    pg_db.sql("DROP TABLE t")
+    wait_state(proc, reader, "done", 60)
+    done = [f for f in reader.frames if f.get("state") == "done"][0]
+    reads = [f for f in reader.frames if f.get("type") == "read"]
+    assert done["rows"] == len(reads) < 200_000
+    assert '"table dropped during the snapshot; nothing more to read"' in proc.log()
+    assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
+
+
 def test_clients_whose_table_waits_behind_another_backfill_share_one_run(
         lapidus_factory, pg_db, client_loop):
     pg_db.sql("CREATE TABLE big (id int PRIMARY KEY, v text)",

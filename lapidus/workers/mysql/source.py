@@ -459,6 +459,7 @@ class MysqlSource(Source):
             snapshot.start_chunk((reader.log_file, reader.log_pos)
                                  if reader.log_file and reader.log_pos else None)
         events = self._taken(changes.take(max_events))
+        snapshot.take_ended(events)
         deadline = time.monotonic() + timeout
         reader.set_deadline(0.0 if events else deadline, self.wake_fd)
         try:

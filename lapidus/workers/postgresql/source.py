@@ -425,6 +425,7 @@ class PostgresSource(Source):
             # Only here, when the worker asks for more: sinks that are behind (backpressure)
             # hold the next chunk back, and a held chunk is never joined by another.
             snapshot.start_chunk()
+            snapshot.take_ended(events)
         while True:
             self._supervise_child()
             consumed = self._consume(events, max_events)

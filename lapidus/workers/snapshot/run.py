@@ -50,6 +50,7 @@ class SnapshotRun:
         self.nonce = uuid.uuid4().hex[:12]   # tells this run's watermarks from a stale run's
         self.chunks = 0
         self.conn = None                     # the run's own connection, once a chunk opened it
+        self.ended: Optional[object] = None  # a sink's run's end, for the source's next batch
 
     # -- the worker's side ----------------------------------------------------------------
 
@@ -123,8 +124,19 @@ class SnapshotRun:
         self.log.warning("table dropped during the snapshot; nothing more to read",
                          table=f"{schema}.{table}")
         self.window = None
-        self.progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+        progress = self.progress
+        progress.chunk_emitted(None, 0, 0, self.chunk_rows)
+        if progress.done and progress.sink is not None:
+            self.ended = end_event(self.backend, progress.n, progress.sink, schema, table,
+                                   progress.rows, "", None)
         self._finish_if_done()
+
+    def take_ended(self, events: List) -> None:
+        """Put the end of a sink's run that ended without a chunk (its table was dropped,
+        :meth:`skip_table`) first in ``events``, the source's next batch."""
+        if self.ended is not None:
+            events.insert(0, self.ended)
+            self.ended = None
 
     def _finish_if_done(self) -> None:
         if self.progress.done:
