@@ -9,6 +9,7 @@ clients never see its ``read`` events.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.integration.conftest import ctl, pg_backend, pg_connect, status
 from tests.integration.snapshot_helpers import MID_SNAPSHOT_WINDOW, fold, snapshot_state, until
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 from tests.integration.test_status_page import Page, browser
+from tests.integration.test_supervisor_lifecycle import reload_with
 from tests.integration.websocket_fixtures import client_loop, free_port
 from tests.integration.test_websocket_sink import AUTH, TOKEN, url
 
@@ -168,6 +170,26 @@ def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_othe
     assert fold(again.events()) == table_content(pg_db)
     # the worker sent its unconfirmed batches again to the new dispatcher: still no read
     # event of either run reached the other sink
+    assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
+    assert "Traceback" not in proc.log()
+
+
+def test_a_reload_that_changes_the_websocket_options_mid_run_closes_its_client_and_run(
+        lapidus_factory, pg_db, client_loop):
+    proc, port = start_on_table(lapidus_factory, pg_db, 200_000, **MID_SNAPSHOT_WINDOW)
+    client = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    until(proc, lambda: sum(f.get("type") == "read" for f in client.frames) >= 1000, 60,
+          "the first rows at the client")
+    n = client.frames[0]["n"]
+    config = json.loads(proc.config_path.read_text())
+    config["plugins"]["websocket"]["ping_interval"] = 30      # a new listener
+    reload_with(proc, config)
+    assert client.ended.wait(20)
+    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
+          and snapshot_state(proc).get("n") == n, 30, "the run of the closed client cancelled")
+    pg_db.sql(f"INSERT INTO t VALUES ({SENTINEL}, 'end', 0)")
+    until(proc, lambda: any(e["pk"] == {"id": SENTINEL} for e in proc.events()), 30,
+          "the backend streaming on")
     assert not [e for e in proc.events() if e["type"] in ("read", "snapshot")]
     assert "Traceback" not in proc.log()
 
