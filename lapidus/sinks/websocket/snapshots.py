@@ -13,9 +13,10 @@ consumer does (docs/snapshots.md).  Frames of type ``snapshot`` tell it how each
 ``refused`` (with the worker's reason) or ``cancelled`` (by ``lapidusctl backfill --cancel``).
 
 Clients that ask for a table whose run for another client is still queued (not started)
-join that run instead of queueing one more.  A run is asked for synchronously, on the loop (:class:`lapidus.supervisor.sink_snapshots
-.SnapshotRequests`, a few fsyncs): its number, and so the client it belongs to, is then known
-before any of its events can arrive.  A client that goes away cancels its runs.
+join that run instead of queueing one more.  A run is asked for synchronously, on the loop
+(:class:`lapidus.supervisor.sink_snapshots.SnapshotRequests`, a few fsyncs): its number, and
+so the client it belongs to, is then known before any of its events can arrive.  A client
+that goes away cancels its runs (those no other client shares).
 """
 
 from __future__ import annotations
