@@ -24,7 +24,7 @@ from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 from tests.integration.test_status_page import Page, browser
 from tests.integration.test_supervisor_lifecycle import reload_with
 from tests.integration.websocket_fixtures import client_loop, free_port
-from tests.integration.test_websocket_sink import AUTH, TOKEN, url
+from tests.integration.test_websocket_sink import AUTH, ORDERS_TOKEN, TOKEN, url
 
 __all__ = ["client_loop", "browser"]      # fixtures, imported for pytest
 
@@ -37,7 +37,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "websocket" / "inde
 def start(lapidus_factory, pg_db, port: int, **backend_options):
     proc = lapidus_factory({
         "backends": [pg_backend(pg_db, decoder="pgoutput", **backend_options)],
-        "plugins": {"websocket": {"listen": f"127.0.0.1:{port}", "tokens": [TOKEN]},
+        "plugins": {"websocket": {"listen": f"127.0.0.1:{port}", "tokens": [
+            TOKEN, {"token": ORDERS_TOKEN, "subjects": ["public.orders.>"]}]},
                     "stdout": {}}})
     until(proc, lambda: '"streaming"' in proc.log() and "websocket listener ready"
           in proc.log(), 30, "the backend streaming and the websocket listener ready")
@@ -277,18 +278,27 @@ def test_snapshot_requests_that_cannot_work_are_refused_at_the_handshake(
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2))")
     port = free_port()
     proc = start(lapidus_factory, pg_db, port)
-    for query, reason in [
-            ({"subjects": "public.>", "snapshot": "1"}, "does not name one table"),
-            ({"snapshot": "1"}, "needs subjects"),
-            ({"subjects": "public.t.>", "snapshot": "nosuch"}, "backend names"),
-            ({"subjects": "public.t.>", "snapshot": "1", "after": "pg:0/0:0"}, "not both")]:
-        client = client_loop.connect(url(port, **query), AUTH)
+    orders_only = {"token": ORDERS_TOKEN}
+    for query, status_code, reason in [
+            ({"subjects": "public.>", "snapshot": "1"}, 400, "does not name one table"),
+            ({"snapshot": "1"}, 400, "needs subjects"),
+            ({"subjects": "public.t.>", "snapshot": "nosuch"}, 400, "backend names"),
+            ({"subjects": "public.t.>", "snapshot": "1", "after": "pg:0/0:0"}, 400, "not both"),
+            # a token limited to other rows: the table is not read for it
+            ({"subjects": "public.t.>", "snapshot": "1", **orders_only}, 403,
+             "does not allow every row of public.t")]:
+        client = client_loop.connect(url(port, **query), None if "token" in query else AUTH)
         assert client.ended.wait(10)
-        assert client.error is not None and client.error.response.status_code == 400, query
+        assert client.error is not None, query
+        assert client.error.response.status_code == status_code, query
         assert reason in client.error.response.body.decode(), query
         assert client.frames == []
-    wait_until(lambda: status(proc.config_path)["pg"]["sinks"]["websocket"]["refused"] == 4,
-               10, message="4 refusals in lapidusctl status")
+    # the limited token may read a table it sees whole
+    allowed = client_loop.connect(url(port, subjects="public.orders.>", snapshot="1",
+                                      **orders_only))
+    wait_state(proc, allowed, "refused", 30)       # allowed, but there is no such table
+    wait_until(lambda: status(proc.config_path)["pg"]["sinks"]["websocket"]["refused"] == 5,
+               10, message="5 refusals in lapidusctl status")
     assert "Traceback" not in proc.log()
 
 

@@ -32,7 +32,7 @@ from ... import logs
 from ..base import SinkError
 from .clients import Client, Subscription
 from .options import Grant, WebsocketOptions
-from .patterns import both, pattern_problem
+from .patterns import both, matcher, pattern_problem
 from .replay import ReplayBuffer, text_frame
 from .snapshots import SETTLED_EVERY, SnapshotRuns, tables_of
 
@@ -233,13 +233,17 @@ class Hub:
                 raise Refused(400, f"after= is given twice for backend {backend}; give the "
                                    f"last id received of each backend once")
             after[backend] = event_id
-        snapshot = self._snapshot(query, requested, after) if "snapshot" in query else None
+        snapshot = (self._snapshot(query, requested, after, grant) if "snapshot" in query
+                    else None)
         key = (requested, grant.subjects if grant else None)
         return Subscription(key, both(*key)), after, snapshot
 
-    def _snapshot(self, query, requested, after) -> Optional[Tuple[List[str], List[str]]]:
+    def _snapshot(self, query, requested, after, grant: Optional[Grant]
+                  ) -> Optional[Tuple[List[str], List[str]]]:
         """``snapshot=1`` (every backend served here) or ``snapshot=shop,crm``: the backends
-        and tables to read for the client, or None for ``snapshot=0``."""
+        and tables to read for the client, or None for ``snapshot=0``.  A token limited to
+        some subjects must allow every row of each table: a table is not read for a client
+        that would see none or part of it."""
         values = [v.strip() for value in query["snapshot"] for v in value.split(",")
                   if v.strip()]
         if values in (["0"], ["false"]):
@@ -260,6 +264,13 @@ class Hub:
             tables = tables_of(requested)
         except ValueError as exc:
             raise Refused(400, str(exc)) from None
+        if grant is not None and grant.subjects is not None:
+            allows = matcher(grant.subjects)
+            for pattern in requested:
+                table = ".".join(pattern.split(".")[:2])
+                if not allows(table + ".%"):      # any key of the table ("%": one token)
+                    raise Refused(403, f"snapshot=1: the token does not allow every row of "
+                                       f"{table}; ask for tables whose every row it allows")
         unavailable = self.snapshots.unavailable(backends)
         if unavailable:
             raise Refused(400, f"snapshot=1: {unavailable}; load the current rows from the "
