@@ -392,6 +392,9 @@ class WorkerLoop:
         they changed or the keep-alive is due."""
         self.backfills.poll(source, self.saved)
         stats = dict(source.status())
+        # always given: the supervisor keeps the fields of earlier reports, so a run reported
+        # by a worker before its restart would otherwise stay "running" in the status
+        stats.setdefault("snapshot", None)
         stats["backfills"] = self.backfills.status()
         # the loop's own fields win over a source's extras of the same name
         stats.update(events=self.events_sent, inflight=len(self.inflight),

@@ -480,6 +480,9 @@ def test_an_idle_worker_waits_a_status_interval_and_repeats_unchanged_stats_rare
     assert [f["spool_bytes"] for f in stats].count(4096) >= 1
     changed_at = next(i for i, f in enumerate(stats) if f["spool_bytes"] == 4096)
     assert stats[changed_at - 1]["spool_bytes"] == 0
+    # no run: said as such, so a run an earlier worker process reported does not linger in
+    # the supervisor's copy of the fields
+    assert all("snapshot" in f and f["snapshot"] is None for f in stats)
 
 
 def test_the_quiet_report_interval_stays_well_inside_the_heartbeat_timeout(tmp_path):
