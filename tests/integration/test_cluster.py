@@ -200,10 +200,11 @@ def test_one_nats_server_killed_stops_nothing(nats_cluster, setup, nodes):  # no
     prefix, stream = setup
     backends = [lapidus_backend("crm"), lapidus_backend("shop")]
     urls = nats_cluster.urls
-    # a NATS server's death costs its streams a leader election (seconds): with the default
-    # lease_ttl a renewal gap of up to 0.4 * lease_ttl (6 s) stops nothing
-    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=15)
-    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=15)
+    # a NATS server's death costs its streams a leader election (seconds): a renewal gap of
+    # up to 0.4 * lease_ttl stops nothing. 30 s (12 s of gap): on the 2-core CI host, loaded
+    # by the whole suite, an election took more than the 6 s that 15 s allows
+    a = nodes("a", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=30)
+    b = nodes("b", urls, backends, prefix=prefix, stream=stream, replicas=3, lease_ttl=30)
     wait_until(lambda: owner_of([a, b], "crm") and owner_of([a, b], "shop")
                and owner_of([a, b], "crm") is not owner_of([a, b], "shop"), 60,
                message="one backend on each node")

@@ -314,7 +314,7 @@ class Hub:
         if subscription is None:
             return
         client = Client(connection, subscription, self)
-        gaps = []
+        gaps, queued = [], b""
         if snapshot is not None:
             # before the client joins: its runs are known before any of their events come
             try:
@@ -326,7 +326,6 @@ class Hub:
                                              f"{exc.strerror or exc}"[:120])
                 return
             client.subscription = subscription.with_runs(frozenset(labels))
-            gaps.append(queued)
             self._watch_runs()
         for backend, buffer in self.buffers.items():
             client.cursors[backend] = buffer.head
@@ -346,13 +345,14 @@ class Hub:
             client.cursors[backend] = cursor
             if buffer.head - cursor > self.max_lag:
                 client.catching_up.add(backend)
-        client.write(b"".join(gaps), 0)
+        client.write(queued + b"".join(gaps), 0)
         self.clients.append(client)
         task = asyncio.ensure_future(client.run())
         client.wake.set()
         self.log.info("websocket client connected", peer=client.peer, clients=len(self.clients),
                       subjects=",".join(subscription.key[0] or (">",)),
-                      resumed=sorted(after), gaps=len(gaps))
+                      resumed=sorted(after), gaps=len(gaps),
+                      snapshot_runs=len(client.subscription.runs))
         try:
             async for _ in connection:
                 pass     # clients have nothing to say; reading keeps pings and close working
