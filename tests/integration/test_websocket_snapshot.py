@@ -52,6 +52,20 @@ def start_on_table(lapidus_factory, pg_db, rows: int, **backend_options):
     return start(lapidus_factory, pg_db, port, **backend_options), port
 
 
+def reading_client(client_loop, proc, port: int, rows: int = 1000):
+    """A ``snapshot=1`` client of table ``t``, once ``rows`` of its ``read`` events came."""
+    client = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
+    until(proc, lambda: sum(f.get("type") == "read" for f in client.frames) >= rows, 60,
+          f"{rows} rows at the client")
+    return client
+
+
+def wait_cancelled(proc, n: int, what: str) -> None:
+    """Until ``lapidusctl status`` shows run ``n`` cancelled."""
+    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
+          and snapshot_state(proc).get("n") == n, 30, what)
+
+
 def states(client):
     return [(f["state"], f["table"]) for f in client.frames if f.get("type") == "snapshot"]
 
@@ -114,10 +128,8 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
                                 snapshot_chunk_rows=500, batch_size=500, max_inflight_batches=1)
     writer = Writer(pg_db, 100_000, pause=0.002)
     writer.start()
-    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
     try:
-        until(proc, lambda: sum(f.get("type") == "read" for f in reader.frames) >= 20_000, 60,
-              "20,000 rows at the client")
+        reader = reading_client(client_loop, proc, port, 20_000)
         dispatcher = proc.worker_pid("dispatch")
         os.kill(dispatcher, signal.SIGSTOP)     # holds the run mid-way until the kill
         try:
@@ -148,9 +160,7 @@ def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_othe
     writer = Writer(pg_db, 100_000, pause=0.002)
     writer.start()
     try:
-        lost = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
-        until(proc, lambda: sum(f.get("type") == "read" for f in lost.frames) >= 2000, 60,
-              "the first rows at the client")
+        lost = reading_client(client_loop, proc, port, 2000)
         n = lost.frames[0]["n"]
         old = proc.worker_pid("dispatch")
         os.kill(old, signal.SIGKILL)
@@ -181,16 +191,13 @@ def test_a_kill_9_of_the_dispatcher_mid_run_cancels_it_and_leaks_no_read_to_othe
 def test_a_reload_that_changes_the_websocket_options_mid_run_closes_its_client_and_run(
         lapidus_factory, pg_db, client_loop):
     proc, port = start_on_table(lapidus_factory, pg_db, 200_000, **MID_SNAPSHOT_WINDOW)
-    client = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
-    until(proc, lambda: sum(f.get("type") == "read" for f in client.frames) >= 1000, 60,
-          "the first rows at the client")
+    client = reading_client(client_loop, proc, port)
     n = client.frames[0]["n"]
     config = json.loads(proc.config_path.read_text())
     config["plugins"]["websocket"]["ping_interval"] = 30      # a new listener
     reload_with(proc, config)
     assert client.ended.wait(20)
-    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
-          and snapshot_state(proc).get("n") == n, 30, "the run of the closed client cancelled")
+    wait_cancelled(proc, n, "the run of the closed client cancelled")
     pg_db.sql(f"INSERT INTO t VALUES ({SENTINEL}, 'end', 0)")
     until(proc, lambda: any(e["pk"] == {"id": SENTINEL} for e in proc.events()), 30,
           "the backend streaming on")
@@ -207,22 +214,17 @@ def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_
     assert refused["table"] == "public.nosuch" and "nosuch" in refused["reason"]
 
     # an operator's lapidusctl backfill --cancel stops a client's run too: the client hears it
-    stopped = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
-    until(proc, lambda: sum(f.get("type") == "read" for f in stopped.frames) >= 1000, 60,
-          "the first rows at the client")
+    stopped = reading_client(client_loop, proc, port)
     code, out, err = ctl(proc.config_path, "backfill", "pg", "--cancel")
     assert code == 0, err
     wait_state(proc, stopped, "cancelled", 30)
     assert states(stopped) == [("queued", "public.t"), ("cancelled", "public.t")]
     stopped.disconnect()
 
-    leaving = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
-    until(proc, lambda: sum(f.get("type") == "read" for f in leaving.frames) >= 1000, 60,
-          "the first rows at the client")
+    leaving = reading_client(client_loop, proc, port)
     n = leaving.frames[0]["n"]
     leaving.disconnect()
-    until(proc, lambda: snapshot_state(proc).get("state") == "cancelled"
-          and snapshot_state(proc).get("n") == n, 30, "the run cancelled")
+    wait_cancelled(proc, n, "the run cancelled")
     assert '"websocket snapshot runs cancelled: their client left"' in proc.log()
     sinks = status(proc.config_path)["pg"]["sinks"]["websocket"]
     assert sinks["snapshot_runs"] == 0
@@ -234,9 +236,7 @@ def test_refused_and_cancelled_runs_say_so_and_a_client_that_leaves_cancels_its_
 def test_a_table_dropped_during_a_clients_run_still_ends_it_with_done(
         lapidus_factory, pg_db, client_loop):
     proc, port = start_on_table(lapidus_factory, pg_db, 200_000, **MID_SNAPSHOT_WINDOW)
-    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
-    until(proc, lambda: sum(f.get("type") == "read" for f in reader.frames) >= 1000, 60,
-          "the first rows at the client")
+    reader = reading_client(client_loop, proc, port)
     pg_db.sql("DROP TABLE t")
     wait_state(proc, reader, "done", 60)
     done = [f for f in reader.frames if f.get("state") == "done"][0]
