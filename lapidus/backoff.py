@@ -8,8 +8,16 @@ and the state machine can be tested without waiting.
 from __future__ import annotations
 
 import collections
+import os
 import random
 from typing import Deque, Optional
+
+#: the jitter's source when none is given: one per process, because seeding a new
+#: ``random.Random`` reads the OS's entropy and costs more than a delivery of one event (the
+#: dispatcher makes two backoffs per delivery and sink, for the retries it rarely needs).
+#: Seeded again in every forked child, so that processes do not retry in step.
+_SHARED_RNG = random.Random()
+os.register_at_fork(after_in_child=_SHARED_RNG.seed)
 
 
 class Backoff:
@@ -26,7 +34,7 @@ class Backoff:
         self.initial = initial
         self.maximum = maximum
         self.jitter = jitter
-        self.rng = rng or random.Random()
+        self.rng = rng or _SHARED_RNG
         self.attempts = 0
 
     def peek(self) -> float:

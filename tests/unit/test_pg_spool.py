@@ -297,15 +297,15 @@ def test_reader_reads_the_last_bytes_of_the_old_segment_before_switching(spool):
 class RacingSpool(Spool):
     """Simulates the race the reader must survive: right after the reader saw the end of
     segment 1, pg_recvlogical writes its last bytes there, then reopens ``active`` (creating
-    segment 2) before the reader lists the segments."""
+    segment 2) before the reader looks for a later segment."""
 
     race = None
 
-    def segments(self):
+    def active_segment(self):
         if self.race is not None:
             race, self.race = self.race, None
             race()
-        return super().segments()
+        return super().active_segment()
 
 
 def test_bytes_written_to_old_segment_between_eof_and_rotation_are_not_lost(tmp_path):
@@ -329,10 +329,30 @@ def test_bytes_written_to_old_segment_between_eof_and_rotation_are_not_lost(tmp_
 
 
 def test_reader_skips_a_missing_segment_when_a_later_one_exists(spool):
-    append(spool, 2, b"b\n")
+    # pg_recvlogical died before it reopened ``active`` after a rotation: segment 2 was never
+    # created, and the next rotation (spool full, no pg_recvlogical) created segment 3
+    spool.rotate()
+    spool.rotate(create=True)
+    append(spool, 3, b"b\n")
     reader = SpoolReader(spool, 1, 0)
     assert read_all(reader) == [b"b"]
-    assert reader.segment == 2
+    assert reader.segment == 3
+
+
+def test_reader_at_the_end_of_the_active_segment_does_not_list_the_directory(spool):
+    listings = []
+
+    class CountingSpool(Spool):
+        def segments(self):
+            listings.append(1)
+            return super().segments()
+
+    counting = CountingSpool(spool.directory)
+    write_active(counting, b"a\n")
+    reader = SpoolReader(counting, 1, 0)
+    assert read_all(reader) == [b"a"]
+    assert read_frames(reader) == []
+    assert listings == []
 
 
 def test_sealed_segment_ending_in_an_incomplete_frame_is_an_error(spool):

@@ -8,7 +8,7 @@ import random
 import pytest
 import structlog
 
-from lapidus.backoff import RestartPolicy
+from lapidus.backoff import Backoff, RestartPolicy
 from lapidus.supervisor.handles import ChildHandle
 from lapidus.exitcodes import CHILD_ERROR as EXIT_ERROR, CHILD_FATAL as EXIT_FATAL, CHILD_OK as EXIT_OK
 from lapidus.supervisor.states import State
@@ -69,6 +69,22 @@ def test_jittered_delays_vary_and_stay_within_20_percent():
     delays = [policy.delay() for _ in range(500)]
     assert all(3.2 <= d <= 4.8 for d in delays)
     assert max(delays) - min(delays) > 1.0          # really jittered, not constant
+
+
+def test_forked_processes_draw_other_jitter_than_their_parent():
+    # the default jitter source is shared in a process and seeded again in a forked child:
+    # a child must not retry in step with its parent or its siblings
+    import os
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(writer, repr([Backoff().next() for _ in range(5)]).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = eval(os.read(reader, 4096))
+    os.close(reader)
+    os.close(writer)
+    assert child != [Backoff().next() for _ in range(5)]
 
 
 def test_crash_window_forgets_old_crashes():

@@ -112,14 +112,16 @@ class Wire:
         end at the next PONG (``set_result`` on a cancelled future); the connection then
         reads nothing until nats-py notices it is stale."""
         nc = self.nc
-        if nc._pending_data_size:
-            # What nats-py still buffers goes to the socket first (as its flusher would).
-            nc._transport.writelines(nc._pending[:])
-            nc._pending = []
-            nc._pending_data_size = 0
         pong: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
         nc._pongs.append(pong)
-        nc._transport.write(_PING)
+        if nc._pending_data_size:
+            # What nats-py still buffers goes to the socket first (as its flusher would),
+            # with the PING in the same write: one system call per batch, not two
+            nc._transport.writelines(nc._pending + [_PING])
+            nc._pending = []
+            nc._pending_data_size = 0
+        else:
+            nc._transport.write(_PING)
         return pong
 
     async def subscribe_acks(self, subject: str, handler: AckHandler,

@@ -193,6 +193,14 @@ class SpoolReader:
 
     def _advance_if_sealed(self) -> bool:
         """At the end of the current segment: move on when a later segment exists."""
+        try:
+            if self.spool.active_segment() <= self.segment:
+                # ``active`` points at the newest segment (rotation moves it first): nothing
+                # later can exist, and this one readlink is what the reader costs at the end of
+                # every run of messages, where listing the directory cost ten times more
+                return False
+        except (OSError, ValueError):
+            pass        # no readable link (a spool being set up): the listing decides
         later = [s for s in self.spool.segments() if s > self.segment]
         if not later:
             return False
