@@ -84,8 +84,8 @@ def pong(sock: socket.socket, payload: bytes) -> None:
 
 def clients_main(count: int, measured: int, url: str, first_id: int, expected: int,
                  deadline: float, sweep: float, out: str) -> None:
-    """``count`` clients; prints "ready" once all are connected.  The first ``measured`` parse
-    every frame as it arrives and record the arrival time of each row ``first_id`` ..
+    """``count`` clients; prints "ready" once all are connected.  Clients ``0 .. measured - 1``
+    (connected spread among the others) parse every frame as it arrives and record the arrival time of each row ``first_id`` ..
     ``first_id + expected - 1``; the others only count the bytes they receive (the same
     stream as the measured ones, byte for byte: every client subscribes to everything), and
     read them every ``sweep`` seconds (0: as they arrive), which keeps the measuring side's
@@ -94,7 +94,16 @@ def clients_main(count: int, measured: int, url: str, first_id: int, expected: i
 
     host, port = url.split("/")[2].rsplit(":", 1)
     path = "/" + url.split("/", 3)[3]
-    conns = [handshake(host, int(port), path) for _ in range(count)]
+    # The sink writes to its clients in the order they connected, so a client's place in a
+    # round of writes adds to its latency: the measured clients connect spread evenly among
+    # the others (every count/measured-th), not first.
+    step = max(1, count // measured)
+    conns: list = [None] * count
+    unmeasured = iter(range(measured, count))
+    for place in range(count):
+        index = place // step if place % step == 0 and place // step < measured \
+            else next(unmeasured)
+        conns[index] = handshake(host, int(port), path)
     print("ready", flush=True)
     arrivals = np.full((measured, expected), np.nan)
     seen = [0] * measured
