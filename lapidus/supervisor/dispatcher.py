@@ -101,6 +101,11 @@ class Pipeline:
             if records:
                 if records.routed:
                     confirmed = await self._deliver_routed(records, generation)
+                elif len(self.sinks) == 1:
+                    # in this task: gather's task per sink costs more than a one-event batch's
+                    # delivery, and a turn of the loop before the sink starts
+                    confirmed = [await self._deliver(self.sinks[0], self.names[0], records,
+                                                     generation)]
                 else:
                     confirmed = await asyncio.gather(*(
                         self._deliver(sink, name, records, generation)
