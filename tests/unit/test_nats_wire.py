@@ -96,3 +96,33 @@ def test_a_control_line_cut_between_reads_is_joined_and_read_as_an_ack():
     feed(client, ack(1) + second[:9], second[9:] + ack(3))
     assert [entry[:2] for entry in client.seen] == [
         ("ack", b"_INBOX.abc.1"), ("ack", b"_INBOX.abc.2"), ("ack", b"_INBOX.abc.3")]
+
+
+class WritesRecorder:
+    def __init__(self):
+        self.calls = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append([data])
+
+    def writelines(self, parts) -> None:
+        self.calls.append(list(parts))
+
+
+def test_a_ping_goes_after_what_nats_py_still_buffers_in_the_same_write():
+    async def run():
+        client = RecordingClient()
+        client._transport = WritesRecorder()
+        client._pongs = []
+        client._pending = [b"HPUB a  12 14\r\n", b"payload\r\n"]
+        client._pending_data_size = 24
+        pong = Wire(client).ping(1.0)
+        assert client._transport.calls == [[b"HPUB a  12 14\r\n", b"payload\r\n",
+                                            b"PING\r\n"]]
+        assert client._pending == [] and client._pending_data_size == 0
+        assert client._pongs == [pong] and not pong.done()
+        # nothing buffered: the PING alone
+        second = Wire(client).ping(1.0)
+        assert client._transport.calls[-1] == [b"PING\r\n"]
+        assert client._pongs == [pong, second]
+    asyncio.run(run())
