@@ -241,7 +241,6 @@ def run(clients: int, procs: int, measured: int, rate: float, duration: float, f
                                   tmp / "sub.pkl")
         gen = L.Generator("pg", rate, duration, first_id, tmp / "gen.pkl").result()
         records = subscriber.records(timeout=deadline - time.time() + 30)
-        import numpy as np
         parts = [g.records(timeout=deadline - time.time() + 30) for g in groups]
         cpu = {}
         for name, p in L.lapidus_processes(proc).items():
