@@ -51,18 +51,27 @@ class NullWriter:
         return False
 
 
-async def through_pipeline(sinks: int, batches: int) -> float:
-    pipeline = Pipeline("bench", [ConfirmingSink() for _ in range(sinks)], logs.get_logger())
-    generation = pipeline.attach(NullWriter())
-    task = asyncio.ensure_future(pipeline.run())
+async def per_batch(consumer, put, delivered, batches: int) -> float:
+    """CPU µs per batch of the ``consumer`` coroutine: ``put(seq)`` a one-event batch, then
+    let the loop turn until ``delivered()`` counts it, ``batches`` times."""
+    task = asyncio.ensure_future(consumer)
     started = time.process_time()
     for seq in range(batches):
-        pipeline.queue.put_nowait((generation, seq, Delivery([RECORD], True)))
-        while pipeline.delivered <= seq:
+        put(seq)
+        while delivered() <= seq:
             await asyncio.sleep(0)
     spent = time.process_time() - started
     task.cancel()
     return spent / batches * 1e6
+
+
+async def through_pipeline(sinks: int, batches: int) -> float:
+    pipeline = Pipeline("bench", [ConfirmingSink() for _ in range(sinks)], logs.get_logger())
+    generation = pipeline.attach(NullWriter())
+    return await per_batch(
+        pipeline.run(),
+        lambda seq: pipeline.queue.put_nowait((generation, seq, Delivery([RECORD], True))),
+        lambda: pipeline.delivered, batches)
 
 
 async def bare(sinks: int, batches: int) -> float:
@@ -80,15 +89,8 @@ async def bare(sinks: int, batches: int) -> float:
             delivered += len(records)
             writer.write(pack(ACK, seq))
 
-    task = asyncio.ensure_future(loop())
-    started = time.process_time()
-    for seq in range(batches):
-        queue.put_nowait((seq, [RECORD]))
-        while delivered <= seq:
-            await asyncio.sleep(0)
-    spent = time.process_time() - started
-    task.cancel()
-    return spent / batches * 1e6
+    return await per_batch(loop(), lambda seq: queue.put_nowait((seq, [RECORD])),
+                           lambda: delivered, batches)
 
 
 def main() -> None:

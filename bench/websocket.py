@@ -85,8 +85,9 @@ def pong(sock: socket.socket, payload: bytes) -> None:
 def clients_main(count: int, measured: int, url: str, first_id: int, expected: int,
                  deadline: float, sweep: float, out: str) -> None:
     """``count`` clients; prints "ready" once all are connected.  Clients ``0 .. measured - 1``
-    (connected spread among the others) parse every frame as it arrives and record the arrival time of each row ``first_id`` ..
-    ``first_id + expected - 1``; the others only count the bytes they receive (the same
+    (connected spread among the others) parse every frame as it arrives and record the
+    arrival time of each row ``first_id`` .. ``first_id + expected - 1``; the others only
+    count the bytes they receive (the same
     stream as the measured ones, byte for byte: every client subscribes to everything), and
     read them every ``sweep`` seconds (0: as they arrive), which keeps the measuring side's
     CPU small at 200 clients."""
