@@ -4,9 +4,9 @@
                                               [--batch-size 100] [--runs 1]
 
 RUNS rounds per sink, each the bare loop then Lapidus against the same receiver, and the
-median of the rounds' ratios.  With Lapidus stopped, insert ROWS rows (one transaction per 10,000) into a
-4-column table; then start ``lapidus -c CONFIG`` with only that sink and time until the
-receiver has every event:
+median of the rounds' ratios.  With Lapidus stopped, insert ROWS rows (one transaction per
+10,000) into a 4-column table; then start ``lapidus -c CONFIG`` with only that sink and time
+until the receiver has every event:
   * webhook: the receiver is an aiohttp server in a process of its own (this script with
     ``--serve-webhook``) that answers 200 and counts the events of each body; the bare loop is
     one aiohttp session POSTing the same number of events, cut in the same requests (same
@@ -21,8 +21,12 @@ Lapidus and PostgreSQL's decoding of the first transaction are not counted again
 the time from Lapidus's start is printed as well.  For the webhook each round also prints the
 requests and body bytes the receiver took from each side (the same cut shows as the same
 count) and the CPU per event of the bare loop's process and of Lapidus's dispatcher (from the
-first event seen to the last), which the host's load moves far less than the wall time.  The payloads of the bare loops are events
-of the same table encoded by Lapidus's own encoder, so they have the same size.
+first event seen to the last), which the host's load moves far less than the wall time.
+After Lapidus, each webhook round also drains the same backlog with ``pg_recvlogical`` alone
+(pgoutput, a slot of its own, into a pipe; events/s from its first block to its exit): the
+rate at which PostgreSQL itself decodes the backlog, which no sink fed from it can exceed.
+The payloads of the bare loops are events of the same table encoded by Lapidus's own encoder,
+so they have the same size.
 
 Needs the local PostgreSQL (127.0.0.1:5432, user postgres; BENCH_PG_PORT=N) and
 /usr/sbin/mosquitto.  The host's cores are shared by PostgreSQL, the worker, the dispatcher,
@@ -52,6 +56,7 @@ from lapidus.events import Event, encode  # noqa: E402
 DB = "lapidus_bench_sinks"
 SECRET = "bench-secret"
 MOSQUITTO = "/usr/sbin/mosquitto"
+CEILING_SLOT = "bench_sinks_source"
 
 
 def free_port() -> int:
@@ -84,6 +89,8 @@ def make_backlog(rows: int) -> None:
     sql(conn, "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2), "
               "updated_at timestamptz)")
     sql(conn, "SELECT pg_create_logical_replication_slot('bench_sinks', 'pgoutput')")
+    # the same backlog once more, for PostgreSQL's own decoding of it (source_ceiling)
+    sql(conn, f"SELECT pg_create_logical_replication_slot('{CEILING_SLOT}', 'pgoutput')")
     sql(conn, "CREATE PUBLICATION bench_sinks FOR ALL TABLES")
     for start in range(1, rows + 1, 10_000):
         sql(conn, "INSERT INTO items SELECT g, 'item ' || g, g / 100.0, now() "
@@ -98,6 +105,30 @@ def drop_database() -> None:
         sql(admin, "SELECT pg_drop_replication_slot(%s)", (slot,))
     sql(admin, f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     admin.close()
+
+
+def source_ceiling(rows: int) -> float:
+    """Events/s of PostgreSQL's own decoding of the backlog, nothing of Lapidus running:
+    ``pg_recvlogical`` (pgoutput, the publication Lapidus reads) on a slot of its own into a
+    pipe this process empties, from its first block to its exit at the backlog's end.  No
+    sink fed from this backlog can take events faster than the walsender sends them."""
+    from lapidus.workers.postgresql.recvlogical import find_pg_recvlogical
+    conn = connect(DB)
+    (end_lsn,), = sql(conn, "SELECT pg_current_wal_lsn()::text")
+    conn.close()
+    proc = subprocess.Popen(
+        [find_pg_recvlogical(), "--start", "--no-loop", "-d",
+         f"host=127.0.0.1 port={PG['port']} user=postgres dbname={DB}", "--slot", CEILING_SLOT,
+         "-f", "-", f"--endpos={end_lsn}", "-o", "proto_version=1",
+         "-o", "publication_names=bench_sinks"], stdout=subprocess.PIPE)
+    first = None
+    while proc.stdout.read1(1 << 20):
+        if first is None:
+            first = time.perf_counter()
+    ended = time.perf_counter()
+    if proc.wait() != 0 or first is None:
+        raise RuntimeError("pg_recvlogical failed on the backlog")
+    return rows / (ended - first)
 
 
 def sample_events(rows: int) -> list:
@@ -231,7 +262,7 @@ def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
     same requests."""
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-webhook", str(port)])
-    out: dict = {key: [] for key in ("bare", "bare_wall", "lapidus", "from_start",
+    out: dict = {key: [] for key in ("bare", "bare_wall", "lapidus", "from_start", "source",
                                      "bare_cpu", "lapidus_cpu",
                                      "bare_requests", "lapidus_requests", "bare_bytes",
                                      "lapidus_bytes")}
@@ -260,9 +291,12 @@ def bench_webhook(rows: int, batch_size: int, events: list, runs: int) -> dict:
             out["lapidus_cpu"].append(cpu / rows * 1e6)
             out["lapidus_requests"].append(stats["requests"])
             out["lapidus_bytes"].append(stats["bytes"])
+            out["source"].append(source_ceiling(rows))
             print(f"  run {len(out['bare'])}: bare {out['bare'][-1]:,.0f}, lapidus "
                   f"{out['lapidus'][-1]:,.0f} events/s, ratio "
-                  f"{out['lapidus'][-1] / out['bare'][-1]:.2f}; requests "
+                  f"{out['lapidus'][-1] / out['bare'][-1]:.2f}; PostgreSQL's decoding alone "
+                  f"{out['source'][-1]:,.0f} events/s ({out['source'][-1] / out['bare'][-1]:.2f}"
+                  f" of the bare loop); requests "
                   f"{out['bare_requests'][-1]} / {out['lapidus_requests'][-1]}, body bytes "
                   f"{out['bare_bytes'][-1]:,} / {out['lapidus_bytes'][-1]:,}; CPU per event "
                   f"{out['bare_cpu'][-1]:.1f} / {out['lapidus_cpu'][-1]:.1f} us (bare loop / "
@@ -426,6 +460,12 @@ def main() -> None:
                   f"({median(r['bare_wall']):,.0f} events/s wall)")
             print(f"  lapidus          : {median(r['lapidus']):,.0f} events/s at the receiver "
                   f"({median(r['from_start']):,.0f} events/s from lapidus's start)")
+            if "source" in r:
+                ceilings = [source / bare for source, bare in zip(r["source"], r["bare"])]
+                print(f"  PostgreSQL alone : {median(r['source']):,.0f} events/s "
+                      f"(pg_recvlogical into a pipe, nothing of Lapidus running): the most "
+                      f"any sink fed by this backlog can take, {median(ceilings):.2f} of the "
+                      f"bare loop (runs: {', '.join(f'{x:.2f}' for x in ceilings)})")
             if "lapidus_cpu" in r:
                 print(f"  CPU per event    : bare loop {median(r['bare_cpu']):.1f} us, "
                       f"dispatcher {median(r['lapidus_cpu']):.1f} us (first to last event)")
