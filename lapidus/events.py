@@ -159,19 +159,61 @@ def record_fields(event: Event) -> tuple:
     return batch_fields((event,))[0]
 
 
+class ReadChunk(NamedTuple):
+    """A snapshot chunk's ``read`` events, already encoded by their source: ``records`` are
+    their :class:`Record` fields in key order (what :func:`batch_fields` gives for each), all of
+    ``schema.table`` with commit time ``ts``.
+
+    A source that builds a chunk's JSON lines straight from the rows it selected (PostgreSQL's,
+    :mod:`lapidus.workers.postgresql.chunkrows`) puts one of these in a batch instead of one
+    :class:`Event` per row; only the worker loop takes them (``Source.encoded_reads``).  Laid out
+    so that what the loop reads of an event means the same here: ``[1]`` is the type, ``.ts``
+    the commit time.  Runs in the worker process; never pickled.
+    """
+
+    records: list
+    type: str
+    backend: str
+    schema: str
+    table: str
+    ts: Optional[str]
+
+
+def read_pieces(event: Event) -> tuple:
+    """``(head, middle, tail)``: the constant pieces of the JSON of ``read`` events like
+    ``event`` (same type, backend, table, position, ts), in bytes.  Such an event encodes as
+    ``b'{"id":' + <id JSON> + head + <pk JSON> + middle + <item JSON> + tail``, byte for byte
+    what :func:`encode` gives: orjson writes an object as ``{`` members joined by ``,`` ``}``,
+    each ``"key":value`` without spaces (tests/unit/test_events.py compares them)."""
+    obj = event_object(event)
+    keys = list(obj)
+    if keys[:1] != ["id"] or keys[5:7] != ["pk", "item"]:
+        raise ValueError(f"unexpected event object keys {keys}")
+
+    def members(names):
+        return b"".join(b"," + orjson.dumps(name) + b":"
+                        + orjson.dumps(obj[name], default=_default) for name in names)
+
+    return members(keys[1:5]) + b',"pk":', b',"item":', members(keys[7:]) + b"}"
+
+
 def batch_fields(events: Sequence[Event]) -> list:
     """``[record_fields(e) for e in events]``: what the worker loop sends for a batch.
 
     One loop for the batch, so that a snapshot chunk's ``read`` events (thousands in a row)
     take a path of their own without a function call per event: they are encoded from the
     constant pieces of their run (:class:`_ReadPieces`), byte for byte what :func:`encode`
-    gives, and a one-column key becomes its text without :func:`key_values`' loop.  Other
-    events are :func:`encode`'s bytes, copied.  Runs in the worker process.
+    gives, and a one-column key becomes its text without :func:`key_values`' loop.  A
+    :class:`ReadChunk` gives its records as they are.  Other events are :func:`encode`'s
+    bytes, copied.  Runs in the worker process.
     """
     out = []
     append = out.append
     dumps, join, pieces = orjson.dumps, b"".join, _read_pieces
     for event in events:
+        if event.__class__ is ReadChunk:
+            out += event.records
+            continue
         if event[1] != "read":
             # a copy of orjson's result, which then is dropped at once: a batch of kept
             # orjson results makes the heap grow and shrink with every batch (see
@@ -203,14 +245,10 @@ class _ReadPieces:
     """The constant pieces of the JSON of a run of snapshot ``read`` events (:func:`batch_fields`).
 
     The events of one chunk differ only in ``id``, ``pk`` and ``item``; every other field
-    (type, backend, table, position, ts, the absent optional fields) is the same.  For the
-    first event of a run the encoded JSON object is cut into its constant pieces: ``head``
-    (the members between ``id`` and ``pk``'s value), ``middle`` (between ``pk`` and ``item``)
-    and ``tail`` (the members after ``item``, the closing brace).  Each next event whose
+    (type, backend, table, position, ts, the absent optional fields) is the same.  The
+    first event of a run gives the constant pieces (:func:`read_pieces`); each next event whose
     other fields equal the run's is those pieces joined with orjson's encoding of its three
-    own values.  orjson writes an object as ``{`` members joined by ``,`` ``}``, each member
-    ``"key":value`` without spaces, so the join is byte for byte what :func:`encode` gives
-    (tests/unit/test_events.py compares them); a field that differs starts a new run.
+    own values; a field that differs starts a new run.
 
     Also faster for a reason of the allocator: orjson's results come from glibc with room to
     spare (shrunk at the end, as it seems); a batch of them kept alive until it is pickled
@@ -228,18 +266,7 @@ class _ReadPieces:
         self.head = self.middle = self.tail = b""
 
     def cut(self, shared: tuple, event: Event) -> None:
-        obj = event_object(event)
-        keys = list(obj)
-        if keys[:1] != ["id"] or keys[5:7] != ["pk", "item"]:
-            raise ValueError(f"unexpected event object keys {keys}")
-
-        def members(names):
-            return b"".join(b"," + orjson.dumps(name) + b":"
-                            + orjson.dumps(obj[name], default=_default) for name in names)
-
-        self.head = members(keys[1:5]) + b',"pk":'
-        self.middle = b',"item":'
-        self.tail = members(keys[7:]) + b"}"
+        self.head, self.middle, self.tail = read_pieces(event)
         self.shared = shared
 
 

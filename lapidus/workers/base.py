@@ -97,6 +97,12 @@ class Source(abc.ABC):
     #: :mod:`lapidus.workers.wakeup`).  A read that watches it returns at once, empty.
     wake_fd: Optional[int] = None
 
+    #: Set by the worker loop before :meth:`open`: a batch may hold a snapshot chunk as one
+    #: :class:`lapidus.events.ReadChunk` (its events already encoded) instead of an
+    #: :class:`Event` per row.  Off for other readers of a source (:func:`lapidus.api.stream`
+    #: yields events).
+    encoded_reads: bool = False
+
     def idle_wait(self) -> float:
         """The longest one :meth:`read` may wait while nothing is in flight.
 

@@ -39,7 +39,7 @@ from .snapshot.requests import BackfillQueue
 from .waiting import DEFAULT_MAX_DELAY, StopGate, StopRequested, Waiter
 from .wakeup import Wakeup
 
-_COUNT_KEY = operator.attrgetter("schema", "table", "type")
+_COUNT_KEY = operator.itemgetter(2, 3, 1)     # schema, table, type of a Record's fields
 CHECKPOINT_EVERY = 0.2  # seconds; bounds fsyncs to a few per second under load
 # While anything moves (batches in flight, a new position) the stats go out at most this
 # often; sources that cannot sleep longer (Source.idle_wait) are looked at this often too.
@@ -216,6 +216,7 @@ class WorkerLoop:
         try:
             source = make_source(self.backend, self.state_dir, self.log)
             source.wake_fd = self.wake.fd if self.wake is not None else None
+            source.encoded_reads = True       # _take sends batch_fields' records as they are
             if not isinstance(self.store, CheckpointStore):
                 source.share_state(self.store)     # cluster mode
             checkpoint = self.store.load()
@@ -365,11 +366,11 @@ class WorkerLoop:
         if batch.events:
             self._check_lease()
             self.seq += 1
-            link.send_batch(self.seq, batch_fields(batch.events), batch.at_boundary,
-                            _routed(source, batch))
+            fields = batch_fields(batch.events)
+            link.send_batch(self.seq, fields, batch.at_boundary, _routed(source, batch))
             self.open_tail = not batch.at_boundary
-            self.events_sent += len(batch.events)
-            self._count(batch.events)
+            self.events_sent += len(fields)
+            self._count(fields)
             self.inflight.append((self.seq, batch.checkpoint, batch.events[0].ts))
         elif batch.at_boundary and self.open_tail:
             # the last batch's transaction ended after its last event (a COMMIT, rows
@@ -411,11 +412,11 @@ class WorkerLoop:
             raise LeaseLost("this node's lease was not renewed in time; stopping before it "
                             "can expire")
 
-    def _count(self, events) -> None:
-        """Events per (schema.table, type) for /metrics: counted in C over the batch, then
-        named once per distinct table and type."""
+    def _count(self, fields) -> None:
+        """Events per (schema.table, type) for /metrics, from the batch's Record fields:
+        counted in C over the batch, then named once per distinct table and type."""
         counts = self.event_counts
-        for (schema, table, kind), n in collections.Counter(map(_COUNT_KEY, events)).items():
+        for (schema, table, kind), n in collections.Counter(map(_COUNT_KEY, fields)).items():
             key = (f"{schema}.{table}" if table else "", kind)
             counts[key] = counts.get(key, 0) + n
 

@@ -95,6 +95,12 @@ def test_initial_snapshot_under_a_concurrent_writer_folds_to_the_table(pg_db, la
     sample = next(e for e in reads if e["table"] == "t")
     assert isinstance(sample["item"]["n"], str)
     assert "snapshot finished" in proc.log()
+    # the read events count per table in the status and /metrics, as many as were delivered
+    delivered = sum(e["type"] == "read" and e["table"] == "t" for e in events)
+    until(proc, lambda: (backend_status(proc.config_path, "pg")["event_counts"]
+                         .get("public.t", {}).get("read")) == delivered, 30,
+          f"{delivered} read events of public.t counted in the status")
+    assert backend_status(proc.config_path, "pg")["event_counts"]["public.other"] == {"read": 10}
 
 
 def test_kill_9_mid_snapshot_resumes_from_a_chunk(pg_db, lapidus_factory):

@@ -80,3 +80,73 @@ def test_any_column_name_is_a_key_and_never_code_and_wide_tables_work():
         ("[1]", ({"id": 1}, {"id": 1})), ("[2]", ({"id": 2}, {"id": 2}))]
     # a one-column key that is not an int: its text is pk_text's
     assert [t for t, _ in chunk_rows([("ü",), ('"',)], ["k"], [str], [0])] == ['["ü"]', '["\\""]']
+
+
+# -- chunk_lines: the same rows as finished JSON lines -----------------------------------------
+
+def encoded_chunk(raw, names, converters, key_index, schema="public", table="t", sink=None,
+                  backend="b"):
+    """A chunk through PgSnapshot's encoded path (the worker loop's): held as lines, emitted
+    as one ReadChunk; and the records the event path gives for the same rows."""
+    from lapidus.events import ReadChunk, batch_fields
+    from lapidus.sink_runs import run_label
+    from lapidus.workers.postgresql.snapshot import PgSnapshot, _TableShape
+    from lapidus.workers.snapshot.events import read_events
+    from lapidus.workers.snapshot.progress import SnapshotProgress
+    from lapidus.workers.snapshot.window import ChunkWindow
+
+    progress = SnapshotProgress(3, [(schema, table)], sink=sink)
+    snap = PgSnapshot(backend, {}, None, progress, None, encoded=True)
+    shape = _TableShape(list(names), [0] * len(names),
+                        [(names[i], "text") for i in key_index], list(converters))
+    window = ChunkWindow("w", schema, table, shape.key_names)
+    lines = snap._lines(shape, raw, schema, table)
+    window.hold_keyed(lines, None)
+    emitted = snap.chunk_events(window, window.remaining_keyed(), "0/16B3F48",
+                                "2026-12-07T05:00:00.123Z")
+    rows = chunk_rows(raw, names, converters, key_index)
+    want = batch_fields(read_events(backend, run_label(3, sink), schema, table, rows,
+                                    "0/16B3F48", "2026-12-07T05:00:00.123Z"))
+    assert [text for text, _ in lines] == [text for text, _ in rows]   # the window's keys
+    assert len(emitted) == 1 and emitted[0].__class__ is ReadChunk
+    assert (emitted[0].type, emitted[0].schema, emitted[0].table, emitted[0].ts) == \
+        ("read", schema, table, "2026-12-07T05:00:00.123Z")
+    return emitted[0].records, want
+
+
+def test_lines_are_byte_for_byte_the_records_of_the_events_for_every_kind_of_value():
+    converters = [TypeMap().converter(oid) for oid in OIDS]
+    got, want = encoded_chunk(RAW, NAMES, converters, [0])
+    assert got == want
+    assert got[0][6].startswith(b'{"id":"b:read:3:public.t:[1]","type":"read"')
+    got, want = encoded_chunk(RAW, NAMES, converters, [1, 0])        # composite, NULL in it
+    assert got == want and got[1][4] == ("", "2")
+
+
+def test_strings_that_need_escaping_odd_names_and_a_run_for_one_sink():
+    names = ["k", "a'b\"c\\", "%s", "x\ny", "ü €", "", "{v0}"]
+    raw = [('q"uote', "back\\slash", "%d%%", "tab\there", "ü €\u2028", "\x01", "{}"),
+           ("plain", None, "", "new\nline", "é", "", "\x7f")]
+    converters = [TypeMap().converter(25)] * len(names)
+    got, want = encoded_chunk(raw, names, converters, [0], schema='s"c%', table="t\\%s",
+                              sink="websocket", backend="b%d")
+    assert got == want
+    got, want = encoded_chunk(raw, names, converters, [2, 0])
+    assert got == want
+
+
+def test_an_int_key_and_null_integers_and_every_int_width():
+    # int8, int2, int4, oid: PostgreSQL's text is the JSON number
+    converters = [TypeMap().converter(oid) for oid in (20, 21, 23, 26)]
+    raw = [("-9223372036854775808", "-32768", None, "4294967295"),
+           ("9223372036854775807", None, "0", "0")]
+    got, want = encoded_chunk(raw, ["id", "s", "i", "o"], converters, [0])
+    assert got == want and got[0][4] == ("-9223372036854775808",)
+
+
+def test_an_empty_chunk_emits_nothing():
+    from lapidus.workers.postgresql.snapshot import PgSnapshot
+    from lapidus.workers.snapshot.progress import SnapshotProgress
+    from lapidus.workers.snapshot.window import ChunkWindow
+    snap = PgSnapshot("b", {}, None, SnapshotProgress(0, [("public", "t")]), None, encoded=True)
+    assert snap.chunk_events(ChunkWindow("w", "public", "t", ["id"]), [], "0/1", None) == []

@@ -7,13 +7,20 @@ into columns (one C-level transpose), a column whose converter is the identity f
 (``text``, ``varchar``, ``numeric``, enums ...) is not touched at all, the others are mapped
 in one pass each, and the rows' dicts are built from the columns without a Python-level loop
 per value.  Per value, only the converters that do something are called.
+
+:func:`chunk_lines` goes one step further for the worker loop: each row becomes its ``read``
+event's JSON line right away, from JSON texts made column by column (no dict, no event
+object per row), byte for byte what :func:`lapidus.events.encode` gives for the event that
+:func:`chunk_rows`'s row would make.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...events import encode_value, key_values
 from ..snapshot.events import pk_text
 from .types import to_int, to_numeric, to_text, to_timestamptz
 
@@ -96,3 +103,93 @@ def _builder(names: Tuple[str, ...], key_index: Tuple[int, ...], int_key: bool):
     namespace: Dict[str, Any] = {"pk_text": pk_text}
     exec(compile(source, f"<chunk rows of {len(names)} columns>", "exec"), namespace)
     return namespace["build"]
+
+
+# -- rows straight to JSON lines ----------------------------------------------------------------
+
+#: the characters orjson writes escaped in a string (everything else it copies as UTF-8)
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
+def _json(value: Any) -> str:
+    return encode_value(value).decode()
+
+
+def _json_strings(values: Sequence[Optional[str]]) -> Optional[List[str]]:
+    """Each string of ``values`` as its JSON text (``null`` for None); None when a value is
+    not a string.  A column without a character to escape (nearly all) is quoted as it is:
+    what orjson writes for such a string."""
+    present = values if None not in values else [v for v in values if v is not None]
+    try:
+        joined = "".join(present)
+    except TypeError:
+        return None
+    if _ESCAPED.search(joined):
+        return ["null" if v is None else _json(v) for v in values]
+    if present is values:
+        return ['"' + v + '"' for v in values]
+    return ["null" if v is None else '"' + v + '"' for v in values]
+
+
+def json_column(column: Sequence[Optional[str]], convert: Callable[[Any], Any]) -> Sequence[str]:
+    """One column of a chunk (PostgreSQL's text, None for NULL) as the JSON text of each
+    converted value: exactly orjson's encoding of what ``convert`` gives, ``null`` for NULL."""
+    if convert is to_int:
+        # int2, int4, int8, oid: PostgreSQL writes plain decimal integers, the JSON numbers
+        return column if None not in column else ["null" if v is None else v for v in column]
+    if convert in IDENTITY_FOR_TEXT:
+        texts = _json_strings(column)
+        if texts is not None:
+            return texts
+    whole = COLUMN_CONVERTERS.get(convert)
+    converted = (whole(column) if whole is not None
+                 else [None if v is None else convert(v) for v in column])
+    texts = _json_strings(converted)
+    if texts is not None:
+        return texts
+    return ["null" if v is None else _json(v) for v in converted]
+
+
+def _template(text: str) -> str:
+    """``text`` as a constant part of a ``%`` template."""
+    return text.replace("%", "%%")
+
+
+def chunk_lines(raw: Sequence[Sequence[Any]], names: Sequence[str],
+                converters: Sequence[Callable[[Any], Any]], key_index: Sequence[int],
+                id_head: str, head: str, middle: str) -> List[Tuple[str, Tuple[str, tuple, str]]]:
+    """``(pk text, (event id, record key, line))`` per row of ``raw``, in its order.
+
+    ``pk text`` is :func:`chunk_rows`'s (the window's key), the event id ``id_head + pk text``,
+    the record key :func:`lapidus.events.key_values` of the row's key, and ``line`` the event's
+    JSON without its tail: ``{"id":<id>`` + ``head`` + the pk's JSON + ``middle`` + the item's
+    JSON, where ``head`` and ``middle`` are :func:`lapidus.events.read_pieces`' for the
+    chunk's table.  Appending the pieces' tail (the members after ``item``, which hold the
+    position and time known only at the high watermark) gives :func:`lapidus.events.encode`'s
+    bytes for the event of :func:`chunk_rows`'s row (tests/unit/test_pg_chunk_rows.py).
+    """
+    if not raw:
+        return []
+    columns = list(zip(*raw))
+    texts = [json_column(column, convert) for column, convert in zip(columns, converters)]
+    item = "{" + ",".join(_template(_json(name)) + ":%s" for name in names) + "}"
+    if len(key_index) == 1 and converters[key_index[0]] is to_int:
+        # the common key, one integer column: its text is the JSON number, its pk text
+        # "[<n>]", which needs no escaping inside the id
+        index = key_index[0]
+        line = ('{"id":"' + _template(_json(id_head)[1:-1]) + '%s"' + _template(head)
+                + "{" + _template(_json(names[index])) + ":%s}" + _template(middle) + item)
+        return [(text, (id_head + text, (key,), line % ((text, key) + values)))
+                for key, values in zip(columns[index], zip(*texts))
+                for text in ("[" + key + "]",)]
+    keys = [[None if v is None else converters[i](v) for v in columns[i]] for i in key_index]
+    key_names = [names[i] for i in key_index]
+    pk = "{" + ",".join(_template(_json(name)) + ":%s" for name in key_names) + "}"
+    out = []
+    for values, key in zip(zip(*texts), zip(*keys)):
+        text = pk_text(key)
+        event_id = id_head + text
+        out.append((text, (event_id, key_values(dict(zip(key_names, key))),
+                           '{"id":' + _json(event_id) + head
+                           + pk % tuple(values[i] for i in key_index) + middle + item % values)))
+    return out

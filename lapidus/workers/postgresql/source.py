@@ -323,7 +323,7 @@ class PostgresSource(Source):
     def _begin_run(self, progress: SnapshotProgress) -> None:
         self.snapshot_progress = progress
         self.snapshot = PgSnapshot(self.backend.name, self.options, self.catalog, progress,
-                                   self.log)
+                                   self.log, encoded=self.encoded_reads)
 
     def start_backfill(self, n: int, table: str, where: Optional[str],
                        sink: Optional[str] = None) -> str:

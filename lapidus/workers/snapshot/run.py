@@ -109,14 +109,22 @@ class SnapshotRun:
         window, self.window = self.window, None
         rows = window.remaining_keyed()
         progress = self.progress
-        events.extend(read_events(self.backend, run_label(progress.n, progress.sink),
-                                  window.schema, window.table, rows, position, ts))
+        events.extend(self.chunk_events(window, rows, position, ts))
         progress.chunk_emitted(window.last_key, len(rows), window.selected, self.chunk_rows)
         if progress.done and progress.sink is not None:
             # a sink's run says where it ends (its tables are one: a backfill's)
             events.append(end_event(self.backend, progress.n, progress.sink, window.schema,
                                     window.table, progress.rows, position, ts))
         self._finish_if_done()
+
+    def chunk_events(self, window: ChunkWindow, rows: list, position: str,
+                     ts: Optional[str]) -> list:
+        """The events of a chunk's remaining ``rows`` (``(key text, row)``, what the window
+        held): one :func:`read_events` event per row; a source that held its rows in another
+        form emits them its own way."""
+        progress = self.progress
+        return read_events(self.backend, run_label(progress.n, progress.sink), window.schema,
+                           window.table, rows, position, ts)
 
     def skip_table(self, schema: str, table: str) -> None:
         """The table was dropped since the run began: nothing of it is left to read (its
