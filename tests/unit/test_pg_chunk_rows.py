@@ -150,3 +150,13 @@ def test_an_empty_chunk_emits_nothing():
     from lapidus.workers.snapshot.window import ChunkWindow
     snap = PgSnapshot("b", {}, None, SnapshotProgress(0, [("public", "t")]), None, encoded=True)
     assert snap.chunk_events(ChunkWindow("w", "public", "t", ["id"]), [], "0/1", None) == []
+
+
+def test_a_clean_string_column_is_left_for_the_template_to_quote():
+    from lapidus.workers.postgresql.chunkrows import AS_GIVEN, QUOTED, json_column
+    from lapidus.workers.postgresql.types import to_text
+    clean = ("a", "b c", "é")
+    assert json_column(clean, to_text) == (clean, QUOTED)
+    assert json_column(("a", None), to_text) == (['"a"', "null"], AS_GIVEN)
+    assert json_column(('a"', "b"), to_text) == (['"a\\""', '"b"'], AS_GIVEN)
+    assert json_column(("t", "f"), TypeMap().converter(16)) == (["true", "false"], AS_GIVEN)

@@ -115,39 +115,49 @@ def _json(value: Any) -> str:
     return encode_value(value).decode()
 
 
-def _json_strings(values: Sequence[Optional[str]]) -> Optional[List[str]]:
-    """Each string of ``values`` as its JSON text (``null`` for None); None when a value is
-    not a string.  A column without a character to escape (nearly all) is quoted as it is:
-    what orjson writes for such a string."""
+#: a value's place in a row's ``%`` template: its JSON text as given, or a string that the
+#: template quotes (a column of strings without a character to escape: no new string per value)
+AS_GIVEN, QUOTED = "%s", '"%s"'
+
+
+def _json_strings(values: Sequence[Optional[str]]) -> Optional[Tuple[Sequence[str], str]]:
+    """A column of strings (None for NULL) as ``(texts, place)`` (see :func:`json_column`);
+    None when a value is not a string.  Such a column without a character to escape and
+    without NULL (nearly all) is given as it is, for the template to quote: what orjson
+    writes for such a string."""
     present = values if None not in values else [v for v in values if v is not None]
     try:
         joined = "".join(present)
     except TypeError:
         return None
     if _ESCAPED.search(joined):
-        return ["null" if v is None else _json(v) for v in values]
+        return ["null" if v is None else _json(v) for v in values], AS_GIVEN
     if present is values:
-        return ['"' + v + '"' for v in values]
-    return ["null" if v is None else '"' + v + '"' for v in values]
+        return values, QUOTED
+    return ["null" if v is None else '"' + v + '"' for v in values], AS_GIVEN
 
 
-def json_column(column: Sequence[Optional[str]], convert: Callable[[Any], Any]) -> Sequence[str]:
-    """One column of a chunk (PostgreSQL's text, None for NULL) as the JSON text of each
-    converted value: exactly orjson's encoding of what ``convert`` gives, ``null`` for NULL."""
+def json_column(column: Sequence[Optional[str]],
+                convert: Callable[[Any], Any]) -> Tuple[Sequence[str], str]:
+    """One column of a chunk (PostgreSQL's text, None for NULL) as ``(texts, place)``: with
+    ``place`` (:data:`AS_GIVEN` or :data:`QUOTED`) around it, each text is exactly orjson's
+    encoding of the value that ``convert`` gives, ``null`` for NULL."""
     if convert is to_int:
         # int2, int4, int8, oid: PostgreSQL writes plain decimal integers, the JSON numbers
-        return column if None not in column else ["null" if v is None else v for v in column]
+        if None in column:
+            return ["null" if v is None else v for v in column], AS_GIVEN
+        return column, AS_GIVEN
     if convert in IDENTITY_FOR_TEXT:
-        texts = _json_strings(column)
-        if texts is not None:
-            return texts
+        strings = _json_strings(column)
+        if strings is not None:
+            return strings
     whole = COLUMN_CONVERTERS.get(convert)
     converted = (whole(column) if whole is not None
                  else [None if v is None else convert(v) for v in column])
-    texts = _json_strings(converted)
-    if texts is not None:
-        return texts
-    return ["null" if v is None else _json(v) for v in converted]
+    strings = _json_strings(converted)
+    if strings is not None:
+        return strings
+    return ["null" if v is None else _json(v) for v in converted], AS_GIVEN
 
 
 def _template(text: str) -> str:
@@ -171,8 +181,10 @@ def chunk_lines(raw: Sequence[Sequence[Any]], names: Sequence[str],
     if not raw:
         return []
     columns = list(zip(*raw))
-    texts = [json_column(column, convert) for column, convert in zip(columns, converters)]
-    item = "{" + ",".join(_template(_json(name)) + ":%s" for name in names) + "}"
+    texts, places = zip(*(json_column(column, convert)
+                          for column, convert in zip(columns, converters)))
+    item = "{" + ",".join(_template(_json(name)) + ":" + place
+                          for name, place in zip(names, places)) + "}"
     if len(key_index) == 1 and converters[key_index[0]] is to_int:
         # the common key, one integer column: its text is the JSON number, its pk text
         # "[<n>]", which needs no escaping inside the id
@@ -184,7 +196,7 @@ def chunk_lines(raw: Sequence[Sequence[Any]], names: Sequence[str],
                 for text in ("[" + key + "]",)]
     keys = [[None if v is None else converters[i](v) for v in columns[i]] for i in key_index]
     key_names = [names[i] for i in key_index]
-    pk = "{" + ",".join(_template(_json(name)) + ":%s" for name in key_names) + "}"
+    pk = "{" + ",".join(_template(_json(names[i])) + ":" + places[i] for i in key_index) + "}"
     out = []
     for values, key in zip(zip(*texts), zip(*keys)):
         text = pk_text(key)
