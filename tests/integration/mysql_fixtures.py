@@ -143,14 +143,15 @@ def backend(name: str = "crm", *, include: Tuple[str, ...] = (), exclude: Tuple[
 
 @pytest.fixture
 def open_source(mysql_server, tmp_path) -> Callable[..., MysqlSource]:
-    """``open_source(checkpoint=None, name="crm", **options)`` -> an opened MysqlSource,
-    closed after the test."""
+    """``open_source(checkpoint=None, name="crm", encoded=False, **options)`` -> an opened
+    MysqlSource, closed after the test."""
     opened: List[MysqlSource] = []
 
     def make(checkpoint: Any = None, name: str = "crm", *, include=(), exclude=(),
-             **options: Any) -> MysqlSource:
+             encoded: bool = False, **options: Any) -> MysqlSource:
         source = MysqlSource(backend(name, include=include, exclude=exclude, **options),
                              tmp_path / name, structlog.get_logger().bind(backend=name))
+        source.encoded_reads = encoded      # as the worker loop sets it (snapshot chunks)
         opened.append(source)
         source.open(checkpoint)
         return source

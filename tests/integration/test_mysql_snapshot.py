@@ -21,6 +21,7 @@ pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import (  # noqa: E402
     DATABASE, lapidus_backend, read_until, root_connection,
 )
+from lapidus.events import ReadChunk, batch_fields  # noqa: E402
 from lapidus.workers.snapshot.run import SnapshotRefused  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -76,6 +77,25 @@ def wait_sentinel(proc, sql, timeout=60):
 
 def errors_of(proc):
     return [e["error"] for e in map(json.loads, proc.log().splitlines()) if "error" in e]
+
+
+def assert_same_records(reads, chunks, name, encoded_name):
+    """The records of an encoded run's chunks (``chunks``: ReadChunks) are those of the
+    ``read`` events of the same rows, but for the backend's name and the position and time of
+    the run's own snapshot."""
+    assert chunks and all(c.__class__ is ReadChunk for c in chunks)
+    want = {fields[0].replace(f"{name}:", f"{encoded_name}:", 1): fields
+            for fields in batch_fields(reads)}
+    got = batch_fields(chunks)
+    assert sorted(fields[0] for fields in got) == sorted(want)
+    for fields in got:
+        other = want[fields[0]]
+        assert fields[1:5] == other[1:5]        # type, schema, table, record key
+        got_json, want_json = json.loads(fields[6]), json.loads(other[6])
+        assert list(got_json) == list(want_json) and got_json["id"] == fields[0]
+        for one in (got_json, want_json):
+            del one["id"], one["backend"], one["position"], one["ts"]
+        assert got_json == want_json and list(got_json["item"]) == list(want_json["item"])
 
 
 # ------------------------------------------------------------------ the initial snapshot
@@ -182,6 +202,11 @@ def test_read_rows_carry_every_type_exactly_as_an_insert_does(sql, open_source):
         assert not wrong, f"{read.table} row {read.pk}: (read, insert) {wrong}"
         assert got.keys() == want.keys() and read.pk == insert.pk
     assert {e.table for e in reads} == {"plain", "types"}
+    # the worker loop's run (rows straight to JSON lines, chunks as ReadChunks) gives the
+    # same records
+    lines = open_source(name="lines", snapshot="initial", snapshot_chunk_rows=3, encoded=True)
+    assert_same_records(reads, read_until(lines, lambda ev: lines.snapshot_progress.done)[0],
+                        "snap", "lines")
     # a finished snapshot is never repeated: opened again from its checkpoint
     assert checkpoint["snapshot"] == {"n": 0, "done": True, "rows": 8}
     again = open_source(checkpoint, name="snap", snapshot="initial")
@@ -358,6 +383,9 @@ def test_composite_text_and_decimal_keys_are_chunked_without_a_row_lost_or_repea
     first = next(e for e in reads if e.table == "pairs")
     key = json.dumps([first.pk["b"], first.pk["a"]], ensure_ascii=False, separators=(",", ":"))
     assert first.id == f"crm:read:0:{DATABASE}.pairs:{key}" and list(first.pk) == ["b", "a"]
+    lines = open_source(name="lines", snapshot="initial", snapshot_chunk_rows=37, encoded=True)
+    assert_same_records(reads, read_until(lines, lambda ev: lines.snapshot_progress.done)[0],
+                        "crm", "lines")
 
 
 def test_a_table_dropped_during_the_snapshot_is_skipped(sql, open_source):

@@ -82,12 +82,18 @@ def test_any_column_name_is_a_key_and_never_code_and_wide_tables_work():
     assert [t for t, _ in chunk_rows([("ü",), ('"',)], ["k"], [str], [0])] == ['["ü"]', '["\\""]']
 
 
-# -- chunk_lines: the same rows as finished JSON lines -----------------------------------------
+# -- chunk lines: the same rows as finished JSON lines ------------------------------------------
+
+class Log:
+    def info(self, event, **fields):
+        pass
+
 
 def encoded_chunk(raw, names, converters, key_index, schema="public", table="t", sink=None,
                   backend="b"):
-    """A chunk through PgSnapshot's encoded path (the worker loop's): held as lines, emitted
-    as one ReadChunk; and the records the event path gives for the same rows."""
+    """A chunk through PgSnapshot's encoded run (the worker loop's): held as lines, emitted
+    at its high watermark as one ReadChunk; and the records the event path gives for the same
+    rows."""
     from lapidus.events import ReadChunk, batch_fields
     from lapidus.sink_runs import run_label
     from lapidus.workers.postgresql.snapshot import PgSnapshot, _TableShape
@@ -96,22 +102,24 @@ def encoded_chunk(raw, names, converters, key_index, schema="public", table="t",
     from lapidus.workers.snapshot.window import ChunkWindow
 
     progress = SnapshotProgress(3, [(schema, table)], sink=sink)
-    snap = PgSnapshot(backend, {}, None, progress, None, encoded=True)
+    snap = PgSnapshot(backend, {}, None, progress, Log(), encoded=True)
     shape = _TableShape(list(names), [0] * len(names),
                         [(names[i], "text") for i in key_index], list(converters))
-    window = ChunkWindow("w", schema, table, shape.key_names)
     lines = snap._lines(shape, raw, schema, table)
-    window.hold_keyed(lines, None)
-    emitted = snap.chunk_events(window, window.remaining_keyed(), "0/16B3F48",
-                                "2026-12-07T05:00:00.123Z")
+    snap.window = ChunkWindow("w", schema, table, shape.key_names)
+    snap.window.hold_keyed(lines, None)
+    emitted = []
+    snap.emit_window(emitted, "0/16B3F48", "2026-12-07T05:00:00.123Z")
     rows = chunk_rows(raw, names, converters, key_index)
     want = batch_fields(read_events(backend, run_label(3, sink), schema, table, rows,
                                     "0/16B3F48", "2026-12-07T05:00:00.123Z"))
     assert [text for text, _ in lines] == [text for text, _ in rows]   # the window's keys
-    assert len(emitted) == 1 and emitted[0].__class__ is ReadChunk
-    assert (emitted[0].type, emitted[0].schema, emitted[0].table, emitted[0].ts) == \
+    chunk, *after = emitted        # a run for one sink ends with its end event
+    assert chunk.__class__ is ReadChunk and len(after) == (sink is not None)
+    assert (chunk.type, chunk.schema, chunk.table, chunk.ts) == \
         ("read", schema, table, "2026-12-07T05:00:00.123Z")
-    return emitted[0].records, want
+    assert batch_fields([chunk]) == chunk.records
+    return chunk.records, want
 
 
 def test_lines_are_byte_for_byte_the_records_of_the_events_for_every_kind_of_value():
@@ -144,19 +152,37 @@ def test_an_int_key_and_null_integers_and_every_int_width():
     assert got == want and got[0][4] == ("-9223372036854775808",)
 
 
-def test_an_empty_chunk_emits_nothing():
+def test_an_empty_chunk_emits_nothing_and_counts_no_row():
     from lapidus.workers.postgresql.snapshot import PgSnapshot
     from lapidus.workers.snapshot.progress import SnapshotProgress
     from lapidus.workers.snapshot.window import ChunkWindow
-    snap = PgSnapshot("b", {}, None, SnapshotProgress(0, [("public", "t")]), None, encoded=True)
-    assert snap.chunk_events(ChunkWindow("w", "public", "t", ["id"]), [], "0/1", None) == []
+    snap = PgSnapshot("b", {}, None, SnapshotProgress(0, [("public", "t")]), Log(),
+                      encoded=True)
+    snap.window = ChunkWindow("w", "public", "t", ["id"])
+    snap.window.hold_keyed([], None)
+    events = []
+    snap.emit_window(events, "0/1", None)
+    assert events == [] and snap.progress.rows == 0 and snap.progress.done
 
 
 def test_a_clean_string_column_is_left_for_the_template_to_quote():
-    from lapidus.workers.postgresql.chunkrows import AS_GIVEN, QUOTED, json_column
+    from lapidus.workers.postgresql.chunkrows import json_column
     from lapidus.workers.postgresql.types import to_text
+    from lapidus.workers.snapshot.lines import AS_GIVEN, QUOTED
     clean = ("a", "b c", "é")
     assert json_column(clean, to_text) == (clean, QUOTED)
     assert json_column(("a", None), to_text) == (['"a"', "null"], AS_GIVEN)
     assert json_column(('a"', "b"), to_text) == (['"a\\""', '"b"'], AS_GIVEN)
     assert json_column(("t", "f"), TypeMap().converter(16)) == (["true", "false"], AS_GIVEN)
+
+
+def test_numbers_and_booleans_are_cut_from_one_array_and_other_values_go_one_by_one():
+    from decimal import Decimal
+
+    from lapidus.events import encode_value
+    from lapidus.workers.snapshot.lines import json_texts
+    for column in ([1, None, -2, 2 ** 63], [True, None, False], [1.5, float("nan"), 1e300],
+                   [Decimal("12345678901234567890.000000001"), None],
+                   [[1, 2], None, {"a": "x,y"}], ["a", 1, None], [b"\x00,", "x"]):
+        texts, place = json_texts(column)
+        assert [place % t for t in texts] == [encode_value(v).decode() for v in column]

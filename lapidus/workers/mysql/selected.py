@@ -184,7 +184,8 @@ def converter(column: Column) -> Optional[Converter]:
 
 
 class RowMapper:
-    """Turns the tuples of one table's chunk SELECT into ``(pk, item)`` pairs."""
+    """Turns the tuples of one table's chunk SELECT into ``(pk, item)`` pairs (:meth:`rows`)
+    or columns of event values (:meth:`columns`)."""
 
     def __init__(self, columns: Sequence[Column], key_names: Sequence[str]):
         self.names = [c.name for c in columns]
@@ -193,6 +194,16 @@ class RowMapper:
         self.converters: Tuple[Tuple[int, Converter], ...] = tuple(
             (i, fn) for i, fn in ((i, converter(c)) for i, c in enumerate(columns))
             if fn is not None)
+        # a key of one integer column: its values are ints, their text the key itself
+        self.int_key = len(self.key_index) == 1 and \
+            columns[self.key_index[0]].data_type in _INTEGERS
+
+    def columns(self, raw: Sequence[Sequence[Any]]) -> List[List[Any]]:
+        """The chunk's columns of event values: what :meth:`rows` puts in its dicts."""
+        columns = [list(column) for column in zip(*raw)]
+        for i, fn in self.converters:
+            columns[i] = [None if value is None else fn(value) for value in columns[i]]
+        return columns
 
     def rows(self, raw: Sequence[Sequence[Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
         names, converters = self.names, self.converters

@@ -11,7 +11,8 @@ Runs in the mysql worker process, driven by :class:`~.source.MysqlSource`:
   ``Binlog_snapshot_file`` / ``Binlog_snapshot_position`` (the binlog position exactly
   consistent with that snapshot: every transaction before it is visible, none after), the
   chunk's SELECT (keyset on the primary key, ``max_statement_time``), COMMIT; the rows are
-  held with that position P;
+  held with that position P (in the worker loop as their events' JSON lines,
+  :mod:`..snapshot.lines`);
 * :meth:`MysqlSnapshot.reached` tells the source when its binlog reader has consumed
   everything before P: the source then emits the held rows, before any event at or after P.
 
@@ -35,6 +36,7 @@ import orjson
 import pymysql
 
 from ..base import BackendError
+from ..snapshot.lines import json_texts
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
 from ..snapshot.window import ChunkWindow, ValueKeyedWindow
@@ -251,8 +253,8 @@ class MysqlSnapshot(SnapshotRun):
     """One snapshot run of one MariaDB backend: the database half (see the module)."""
 
     def __init__(self, backend: str, options: dict, settings, json_columns,
-                 progress: SnapshotProgress, log):
-        super().__init__(backend, options, progress, log)
+                 progress: SnapshotProgress, log, encoded: bool = False):
+        super().__init__(backend, options, progress, log, encoded)
         self.settings = settings
         self.json_columns = json_columns     # the source's MariaDB JSON column lookup
         self.shapes = {}
@@ -365,7 +367,25 @@ class MysqlSnapshot(SnapshotRun):
             raise describe_error(self.settings, exc) from None
         self.position = position
         self._gtid_at = None
-        window.hold(shape.mapper.rows(raw), self._raw_key(shape, raw[-1]) if raw else None)
+        last_key = self._raw_key(shape, raw[-1]) if raw else None
+        if self.encoded:
+            window.hold_keyed(self._lines(shape, raw, schema, table), last_key)
+        else:
+            window.hold(shape.mapper.rows(raw), last_key)
+
+    def _lines(self, shape: _Shape, raw, schema: str, table: str) -> list:
+        """The rows of an ``encoded`` run under the window's keys (tuples of the key values):
+        ``(key, (event id, record key, line))`` (:meth:`SnapshotRun.lines`)."""
+        if not raw:
+            return []
+        mapper = shape.mapper
+        columns = mapper.columns(raw)
+        keys = [columns[i] for i in mapper.key_index]
+        lines = self.lines(schema, table, [json_texts(column) for column in columns],
+                           mapper.names, mapper.key_index,
+                           None if mapper.int_key else keys)
+        return [(key, (event_id, record_key, line))
+                for key, (_, event_id, record_key, line) in zip(zip(*keys), lines)]
 
     def _select(self, cur, shape: _Shape, sql: str, args) -> list:
         """The chunk's rows: aggregated to one JSON text where the table allows it."""

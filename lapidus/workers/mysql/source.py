@@ -326,7 +326,8 @@ class MysqlSource(Source):
     def _begin_run(self, progress: SnapshotProgress) -> None:
         self.snapshot_progress = progress
         self.snapshot = MysqlSnapshot(self.backend.name, self._options(),
-                                      self.settings, self._json_lookup, progress, self.log)
+                                      self.settings, self._json_lookup, progress, self.log,
+                                      encoded=self.encoded_reads)
 
     def start_backfill(self, n: int, table: str, where: Optional[str],
                        sink: Optional[str] = None) -> str:

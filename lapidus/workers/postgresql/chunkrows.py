@@ -8,20 +8,18 @@ into columns (one C-level transpose), a column whose converter is the identity f
 in one pass each, and the rows' dicts are built from the columns without a Python-level loop
 per value.  Per value, only the converters that do something are called.
 
-:func:`chunk_lines` goes one step further for the worker loop: each row becomes its ``read``
-event's JSON line right away, from JSON texts made column by column (no dict, no event
-object per row), byte for byte what :func:`lapidus.events.encode` gives for the event that
-:func:`chunk_rows`'s row would make.
+:func:`chunk_columns` goes one step further for the worker loop: the chunk's columns as the
+JSON texts of their values, from which :func:`..snapshot.lines.chunk_lines` makes each row's
+``read`` event line without a dict or an event per row.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ...events import encode_value, key_values
 from ..snapshot.events import pk_text
+from ..snapshot.lines import AS_GIVEN, Texts, json_strings, json_texts
 from .types import to_int, to_numeric, to_text, to_timestamptz
 
 #: converters that return their text input unchanged (to_numeric: a ``str`` is its exact
@@ -107,101 +105,29 @@ def _builder(names: Tuple[str, ...], key_index: Tuple[int, ...], int_key: bool):
 
 # -- rows straight to JSON lines ----------------------------------------------------------------
 
-#: the characters orjson writes escaped in a string (everything else it copies as UTF-8)
-_ESCAPED = re.compile(r'["\\\x00-\x1f]')
-
-
-def _json(value: Any) -> str:
-    return encode_value(value).decode()
-
-
-#: a value's place in a row's ``%`` template: its JSON text as given, or a string that the
-#: template quotes (a column of strings without a character to escape: no new string per value)
-AS_GIVEN, QUOTED = "%s", '"%s"'
-
-
-def _json_strings(values: Sequence[Optional[str]]) -> Optional[Tuple[Sequence[str], str]]:
-    """A column of strings (None for NULL) as ``(texts, place)`` (see :func:`json_column`);
-    None when a value is not a string.  Such a column without a character to escape and
-    without NULL (nearly all) is given as it is, for the template to quote: what orjson
-    writes for such a string."""
-    present = values if None not in values else [v for v in values if v is not None]
-    try:
-        joined = "".join(present)
-    except TypeError:
-        return None
-    if _ESCAPED.search(joined):
-        return ["null" if v is None else _json(v) for v in values], AS_GIVEN
-    if present is values:
-        return values, QUOTED
-    return ["null" if v is None else '"' + v + '"' for v in values], AS_GIVEN
-
-
-def json_column(column: Sequence[Optional[str]],
-                convert: Callable[[Any], Any]) -> Tuple[Sequence[str], str]:
-    """One column of a chunk (PostgreSQL's text, None for NULL) as ``(texts, place)``: with
-    ``place`` (:data:`AS_GIVEN` or :data:`QUOTED`) around it, each text is exactly orjson's
-    encoding of the value that ``convert`` gives, ``null`` for NULL."""
+def json_column(column: Sequence[Optional[str]], convert: Callable[[Any], Any]) -> Texts:
+    """One column of a chunk (PostgreSQL's text, None for NULL) as
+    :func:`..snapshot.lines.json_texts` of its converted values."""
     if convert is to_int:
         # int2, int4, int8, oid: PostgreSQL writes plain decimal integers, the JSON numbers
         if None in column:
             return ["null" if v is None else v for v in column], AS_GIVEN
         return column, AS_GIVEN
     if convert in IDENTITY_FOR_TEXT:
-        strings = _json_strings(column)
-        if strings is not None:
-            return strings
+        return json_strings(column)       # never None: text or NULL only
     whole = COLUMN_CONVERTERS.get(convert)
-    converted = (whole(column) if whole is not None
-                 else [None if v is None else convert(v) for v in column])
-    strings = _json_strings(converted)
-    if strings is not None:
-        return strings
-    return ["null" if v is None else _json(v) for v in converted], AS_GIVEN
+    return json_texts(whole(column) if whole is not None
+                      else [None if v is None else convert(v) for v in column])
 
 
-def _template(text: str) -> str:
-    """``text`` as a constant part of a ``%`` template."""
-    return text.replace("%", "%%")
-
-
-def chunk_lines(raw: Sequence[Sequence[Any]], names: Sequence[str],
-                converters: Sequence[Callable[[Any], Any]], key_index: Sequence[int],
-                id_head: str, head: str, middle: str) -> List[Tuple[str, Tuple[str, tuple, str]]]:
-    """``(pk text, (event id, record key, line))`` per row of ``raw``, in its order.
-
-    ``pk text`` is :func:`chunk_rows`'s (the window's key), the event id ``id_head + pk text``,
-    the record key :func:`lapidus.events.key_values` of the row's key, and ``line`` the event's
-    JSON without its tail: ``{"id":<id>`` + ``head`` + the pk's JSON + ``middle`` + the item's
-    JSON, where ``head`` and ``middle`` are :func:`lapidus.events.read_pieces`' for the
-    chunk's table.  Appending the pieces' tail (the members after ``item``, which hold the
-    position and time known only at the high watermark) gives :func:`lapidus.events.encode`'s
-    bytes for the event of :func:`chunk_rows`'s row (tests/unit/test_pg_chunk_rows.py).
-    """
-    if not raw:
-        return []
+def chunk_columns(raw: Sequence[Sequence[Any]], converters: Sequence[Callable[[Any], Any]],
+                  key_index: Sequence[int]) -> Tuple[List[Texts], Optional[List[list]]]:
+    """What :func:`..snapshot.lines.chunk_lines` takes for a chunk's rows of text: every
+    column's JSON texts, and the key columns' converted values (None for one integer key
+    column, whose texts are the key itself)."""
     columns = list(zip(*raw))
-    texts, places = zip(*(json_column(column, convert)
-                          for column, convert in zip(columns, converters)))
-    item = "{" + ",".join(_template(_json(name)) + ":" + place
-                          for name, place in zip(names, places)) + "}"
+    texts = [json_column(column, convert) for column, convert in zip(columns, converters)]
     if len(key_index) == 1 and converters[key_index[0]] is to_int:
-        # the common key, one integer column: its text is the JSON number, its pk text
-        # "[<n>]", which needs no escaping inside the id
-        index = key_index[0]
-        line = ('{"id":"' + _template(_json(id_head)[1:-1]) + '%s"' + _template(head)
-                + "{" + _template(_json(names[index])) + ":%s}" + _template(middle) + item)
-        return [(text, (id_head + text, (key,), line % ((text, key) + values)))
-                for key, values in zip(columns[index], zip(*texts))
-                for text in ("[" + key + "]",)]
-    keys = [[None if v is None else converters[i](v) for v in columns[i]] for i in key_index]
-    key_names = [names[i] for i in key_index]
-    pk = "{" + ",".join(_template(_json(names[i])) + ":" + places[i] for i in key_index) + "}"
-    out = []
-    for values, key in zip(zip(*texts), zip(*keys)):
-        text = pk_text(key)
-        event_id = id_head + text
-        out.append((text, (event_id, key_values(dict(zip(key_names, key))),
-                           '{"id":' + _json(event_id) + head
-                           + pk % tuple(values[i] for i in key_index) + middle + item % values)))
-    return out
+        return texts, None
+    return texts, [[None if v is None else converters[i](v) for v in columns[i]]
+                   for i in key_index]

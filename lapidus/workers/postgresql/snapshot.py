@@ -21,7 +21,7 @@ Rows are selected in PostgreSQL's text form (a psycopg2 caster that keeps the se
 text) and mapped by type OID with the decoders' converters (:mod:`.types`), so a ``read`` row
 has exactly the values an ``insert`` of it would have: NUMERIC as exact strings, bytea base64.
 In the worker loop (``Source.encoded_reads``) each row is held as its event's JSON line
-(:func:`.chunkrows.chunk_lines`) and the chunk is emitted as one
+(:func:`..snapshot.lines.chunk_lines`) and the chunk is emitted as one
 :class:`~lapidus.events.ReadChunk`; for :func:`lapidus.api.stream` rows are dicts and each
 becomes an :class:`~lapidus.events.Event`.
 """
@@ -33,14 +33,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import psycopg2
 import psycopg2.extensions
 
-from ...events import Event, ReadChunk, read_pieces
-from ...sink_runs import run_label
 from ..base import BackendError
 from ..snapshot import WATERMARK_PREFIX
 from ..snapshot.progress import SnapshotProgress
 from ..snapshot.run import SnapshotRefused, SnapshotRun
 from .catalog import connect
-from .chunkrows import chunk_lines, chunk_rows
+from .chunkrows import chunk_columns, chunk_rows
 from .decoding import Change, Watermark
 from .errors import query_error
 from .publications import _quote
@@ -197,11 +195,8 @@ class PgSnapshot(SnapshotRun):
 
     def __init__(self, backend: str, options: dict, catalog, progress: SnapshotProgress,
                  log, encoded: bool = False):
-        super().__init__(backend, options, progress, log)
+        super().__init__(backend, options, progress, log, encoded)
         self.catalog = catalog          # the source's metadata connection (type look-ups)
-        # the worker loop's run holds each row as its event's JSON line and emits a chunk as
-        # one ReadChunk (Source.encoded_reads); otherwise rows are dicts, events Events
-        self.encoded = encoded
         self.timeout_ms = int(self.timeout_seconds * 1000)
         self.shapes: Dict[Table, _TableShape] = {}
 
@@ -319,35 +314,13 @@ class PgSnapshot(SnapshotRun):
         return chunk_rows(raw, shape.names, shape.converters, shape.key_index)
 
     def _lines(self, shape: _TableShape, raw, schema: str, table: str) -> list:
-        """The rows as :func:`.chunkrows.chunk_lines` gives them: their events' JSON lines
-        but for the tail (position and time), which the high watermark brings."""
-        head, middle, _ = read_pieces(self._sample(schema, table, "", None))
-        return chunk_lines(raw, shape.names, shape.converters, shape.key_index,
-                           self._id_head(schema, table), head.decode(), middle.decode())
-
-    def _id_head(self, schema: str, table: str) -> str:
-        """What the ids of this run's read events of ``schema.table`` start with (the key text
-        follows): :func:`..snapshot.events.read_events`' ids."""
-        return f"{self.backend}:read:{run_label(self.progress.n, self.progress.sink)}:" \
-               f"{schema}.{table}:"
-
-    def _sample(self, schema: str, table: str, position: str, ts: Optional[str]) -> Event:
-        """A read event of ``schema.table`` at ``position``: what the pieces of its run's JSON
-        are cut from (:func:`lapidus.events.read_pieces`)."""
-        return Event("", "read", self.backend, schema, table, {}, {}, None, position, None, ts)
-
-    def chunk_events(self, window, rows: list, position: str, ts: Optional[str]) -> list:
-        """Rows held as lines (:meth:`_lines`) become one :class:`ReadChunk` of finished
-        records: each line with the tail of the high watermark's position and time."""
-        if not self.encoded:
-            return super().chunk_events(window, rows, position, ts)
-        if not rows:
+        """The rows of an ``encoded`` run, under their key text: ``(pk text, (event id,
+        record key, line))`` (:meth:`SnapshotRun.lines`)."""
+        if not raw:
             return []
-        schema, table = window.schema, window.table
-        tail = read_pieces(self._sample(schema, table, position, ts))[2].decode()
-        records = [(event_id, "read", schema, table, key, position, (line + tail).encode())
-                   for _, (event_id, key, line) in rows]
-        return [ReadChunk(records, "read", self.backend, schema, table, ts)]
+        columns, keys = chunk_columns(raw, shape.converters, shape.key_index)
+        return [(text, (event_id, key, line)) for text, event_id, key, line
+                in self.lines(schema, table, columns, shape.names, shape.key_index, keys)]
 
     # -- the stream side ------------------------------------------------------------------
 

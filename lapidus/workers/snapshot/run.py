@@ -19,11 +19,13 @@ Contract with the source and the worker loop:
 from __future__ import annotations
 
 import uuid
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
+from ...events import Event, ReadChunk, read_pieces
 from ...sink_runs import end_event, run_label
 from ..base import BackendError
 from .events import read_events
+from .lines import Texts, chunk_lines
 from .progress import SnapshotProgress
 from .window import ChunkWindow
 
@@ -39,8 +41,13 @@ class SnapshotRun:
     #: what :meth:`open_window` makes (a source may key its held rows its own way)
     window_class = ChunkWindow
 
-    def __init__(self, backend: str, options: dict, progress: SnapshotProgress, log):
+    def __init__(self, backend: str, options: dict, progress: SnapshotProgress, log,
+                 encoded: bool = False):
         self.backend = backend
+        # the worker loop's run (Source.encoded_reads): the source holds each row as
+        # (event id, record key, line) made by lines(), and a chunk is emitted as one
+        # ReadChunk; otherwise rows are (pk, item) dicts and each becomes an Event
+        self.encoded = encoded
         self.options = options
         self.progress = progress
         self.log = log
@@ -107,9 +114,15 @@ class SnapshotRun:
         """The held chunk's high watermark: its remaining rows become ``read`` events,
         appended to ``events`` (the source then ends the batch)."""
         window, self.window = self.window, None
-        rows = window.remaining_keyed()
         progress = self.progress
-        events.extend(self.chunk_events(window, rows, position, ts))
+        if self.encoded:
+            rows = window.remaining()
+            if rows:
+                events.append(self._read_chunk(window.schema, window.table, rows, position, ts))
+        else:
+            rows = window.remaining_keyed()
+            events.extend(read_events(self.backend, run_label(progress.n, progress.sink),
+                                      window.schema, window.table, rows, position, ts))
         progress.chunk_emitted(window.last_key, len(rows), window.selected, self.chunk_rows)
         if progress.done and progress.sink is not None:
             # a sink's run says where it ends (its tables are one: a backfill's)
@@ -117,14 +130,29 @@ class SnapshotRun:
                                     window.table, progress.rows, position, ts))
         self._finish_if_done()
 
-    def chunk_events(self, window: ChunkWindow, rows: list, position: str,
-                     ts: Optional[str]) -> list:
-        """The events of a chunk's remaining ``rows`` (``(key text, row)``, what the window
-        held): one :func:`read_events` event per row; a source that held its rows in another
-        form emits them its own way."""
-        progress = self.progress
-        return read_events(self.backend, run_label(progress.n, progress.sink), window.schema,
-                           window.table, rows, position, ts)
+    def lines(self, schema: str, table: str, columns: Sequence[Texts], names: Sequence[str],
+              key_index: Sequence[int], keys) -> List[Tuple[str, str, tuple, str]]:
+        """A chunk's rows of ``schema.table`` as :func:`.lines.chunk_lines` gives them (for an
+        ``encoded`` run): the source holds ``(event id, record key, line)`` under its key."""
+        head, middle, _ = read_pieces(self._sample(schema, table, "", None))
+        label = run_label(self.progress.n, self.progress.sink)
+        return chunk_lines(columns, names, key_index, keys,
+                           f"{self.backend}:read:{label}:{schema}.{table}:", head.decode(),
+                           middle.decode())
+
+    def _sample(self, schema: str, table: str, position: str, ts: Optional[str]) -> Event:
+        """A read event of ``schema.table`` at ``position``: what the pieces of its run's JSON
+        are cut from (:func:`lapidus.events.read_pieces`)."""
+        return Event("", "read", self.backend, schema, table, {}, {}, None, position, None, ts)
+
+    def _read_chunk(self, schema: str, table: str, rows: list, position: str,
+                    ts: Optional[str]) -> ReadChunk:
+        """Held ``(event id, record key, line)`` rows as one :class:`ReadChunk` of finished
+        records: each line with the tail of the high watermark's position and time."""
+        tail = read_pieces(self._sample(schema, table, position, ts))[2].decode()
+        return ReadChunk([(event_id, "read", schema, table, key, position,
+                           (line + tail).encode()) for event_id, key, line in rows],
+                         "read", self.backend, schema, table, ts)
 
     def skip_table(self, schema: str, table: str) -> None:
         """The table was dropped since the run began: nothing of it is left to read (its
