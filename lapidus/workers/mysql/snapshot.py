@@ -384,8 +384,7 @@ class MysqlSnapshot(SnapshotRun):
         lines = self.lines(schema, table, [json_texts(column) for column in columns],
                            mapper.names, mapper.key_index,
                            None if mapper.int_key else keys)
-        return [(key, (event_id, record_key, line))
-                for key, (_, event_id, record_key, line) in zip(zip(*keys), lines)]
+        return [(key, row) for key, (_, row) in zip(zip(*keys), lines)]
 
     def _select(self, cur, shape: _Shape, sql: str, args) -> list:
         """The chunk's rows: aggregated to one JSON text where the table allows it."""

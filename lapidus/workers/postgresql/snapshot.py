@@ -1,21 +1,21 @@
-"""PostgreSQL's side of a snapshot: tables, chunk SELECTs between watermarks, the hand-off.
+"""PostgreSQL's side of a snapshot: tables, chunk SELECTs and their watermarks, the hand-off.
 
 Runs in the PostgreSQL worker process, driven by :class:`~.source.PostgresSource`:
 
 * :func:`snapshot_tables` lists what the snapshot reads (the publication's tables that pass
   include/exclude) and refuses, FATAL at start, tables without a primary key;
 * :meth:`PgSnapshot.start_chunk`, called by the source's ``read`` when no chunk is held:
-  opens a :class:`~..snapshot.window.ChunkWindow`, commits the low watermark, SELECTs the
-  next chunk (keyset on the primary key, its own connection, READ COMMITTED, statement
-  timeout), commits the high watermark;
+  opens a :class:`~..snapshot.window.ChunkWindow`, SELECTs the next chunk (keyset on the
+  primary key, its own connection, READ COMMITTED, statement timeout), commits the high
+  watermark;
 * :meth:`PgSnapshot.feed` sits in front of the transaction assembler while reading the
   spool: changes evict keys of the held chunk, the high watermark turns what is left into
   ``read`` events right there in the stream; watermark messages never become events.
 
-The watermarks are *transactional* logical messages (``pg_logical_emit_message(true, ...)``):
-the commit flushes the WAL, so the walsender sends them at once (a non-transactional message
-before PostgreSQL 17 waits for the WAL writer, up to ``wal_writer_delay`` per watermark), and
-they take their place in commit order, which is the stream's order.
+The watermark is a *transactional* logical message (``pg_logical_emit_message(true, ...)``):
+the commit flushes the WAL, so the walsender sends it at once (a non-transactional message
+before PostgreSQL 17 waits for the WAL writer, up to ``wal_writer_delay``), and it takes its
+place in commit order, which is the stream's order.
 
 Rows are selected in PostgreSQL's text form (a psycopg2 caster that keeps the server's
 text) and mapped by type OID with the decoders' converters (:mod:`.types`), so a ``read`` row
@@ -206,8 +206,8 @@ class PgSnapshot(SnapshotRun):
         if self.conn is None or self.conn.closed:
             conn = connect(self.options, self.backend, f"lapidus_{self.backend}_snapshot")
             with conn.cursor() as cur:
-                # READ COMMITTED: each chunk's SELECT sees what committed before it (the
-                # watermark before it included); the decoders' value settings
+                # READ COMMITTED: each chunk's SELECT sees what committed before it; the
+                # decoders' value settings
                 cur.execute("SET default_transaction_isolation = 'read committed'; "
                             "SET extra_float_digits = 3; SET bytea_output = 'hex'; "
                             f"SET statement_timeout = {self.timeout_ms}")
@@ -239,7 +239,7 @@ class PgSnapshot(SnapshotRun):
         return shape
 
     def start_chunk(self) -> None:
-        """Low watermark, the next chunk's SELECT, high watermark; the rows are held."""
+        """The next chunk's SELECT, then its high watermark; the rows are held."""
         schema, table = self.progress.table
         where = f"{schema}.{table}"
         try:
@@ -248,14 +248,12 @@ class PgSnapshot(SnapshotRun):
                 self._skip_dropped(schema, table)
                 return
             shape = self._shape(conn, schema, table)
-            # Opened before the low watermark: changes read from here on all evict (see
-            # ..snapshot.window for why that is safe and closes a visibility race).
+            # Opened before the SELECT: changes read from here on all evict (see
+            # ..snapshot.window for why no low watermark is needed).
             window = self.open_window(schema, table, shape.key_names)
             mark = window.watermark
             sql, args = self._chunk_sql(schema, table, shape)
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
-                            (WATERMARK_PREFIX, f"{mark}:low"))
                 if self.progress.where:
                     # the operator's condition runs where it cannot write
                     cur.execute("BEGIN READ ONLY")
@@ -319,8 +317,7 @@ class PgSnapshot(SnapshotRun):
         if not raw:
             return []
         columns, keys = chunk_columns(raw, shape.converters, shape.key_index)
-        return [(text, (event_id, key, line)) for text, event_id, key, line
-                in self.lines(schema, table, columns, shape.names, shape.key_index, keys)]
+        return self.lines(schema, table, columns, shape.names, shape.key_index, keys)
 
     # -- the stream side ------------------------------------------------------------------
 
@@ -341,6 +338,6 @@ class PgSnapshot(SnapshotRun):
     def _watermark(self, content: str, events: List, assembler) -> bool:
         window = self.window
         if window is None or window.watermark_kind(content) != "high":
-            return False            # the low one, or one of a chunk given up before
+            return False            # one of a chunk given up before
         self.emit_window(events, assembler.tx_position or "", assembler.tx_ts)
         return True

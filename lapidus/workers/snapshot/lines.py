@@ -73,8 +73,8 @@ def _constant(text: str) -> str:
 
 def chunk_lines(columns: Sequence[Texts], names: Sequence[str], key_index: Sequence[int],
                 keys: Optional[Sequence[Sequence[Any]]], id_head: str, head: str,
-                middle: str) -> List[Tuple[str, str, tuple, str]]:
-    """``(pk text, event id, record key, line)`` per row, in the columns' order.
+                middle: str) -> List[Tuple[str, Tuple[str, tuple, str]]]:
+    """``(pk text, (event id, record key, line))`` per row, in the columns' order.
 
     ``columns``: every column's :func:`json_texts`; ``key_index`` the key columns in key order;
     ``keys`` the key columns' values (as :func:`json_texts` had them), or None when the key is
@@ -96,7 +96,7 @@ def chunk_lines(columns: Sequence[Texts], names: Sequence[str], key_index: Seque
         # needs no escaping inside the id
         line = ('{"id":"' + _constant(_json(id_head)[1:-1]) + '%s"' + _constant(head) + pk
                 + _constant(middle) + item)
-        return [(text, id_head + text, (key,), line % ((text, key) + values))
+        return [(text, (id_head + text, (key,), line % ((text, key) + values)))
                 for key, values in zip(texts[key_index[0]], zip(*texts))
                 for text in ("[" + key + "]",)]
     key_names = [names[i] for i in key_index]
@@ -104,7 +104,7 @@ def chunk_lines(columns: Sequence[Texts], names: Sequence[str], key_index: Seque
     for values, key in zip(zip(*texts), zip(*keys)):
         text = pk_text(key)
         event_id = id_head + text
-        out.append((text, event_id, key_values(dict(zip(key_names, key))),
-                    '{"id":' + _json(event_id) + head + pk % tuple(values[i] for i in key_index)
-                    + middle + item % values))
+        out.append((text, (event_id, key_values(dict(zip(key_names, key))),
+                           '{"id":' + _json(event_id) + head
+                           + pk % tuple(values[i] for i in key_index) + middle + item % values)))
     return out

@@ -131,9 +131,10 @@ class SnapshotRun:
         self._finish_if_done()
 
     def lines(self, schema: str, table: str, columns: Sequence[Texts], names: Sequence[str],
-              key_index: Sequence[int], keys) -> List[Tuple[str, str, tuple, str]]:
+              key_index: Sequence[int], keys) -> List[Tuple[str, Tuple[str, tuple, str]]]:
         """A chunk's rows of ``schema.table`` as :func:`.lines.chunk_lines` gives them (for an
-        ``encoded`` run): the source holds ``(event id, record key, line)`` under its key."""
+        ``encoded`` run), under their key text: the source holds ``(event id, record key,
+        line)`` under its window's key."""
         head, middle, _ = read_pieces(self._sample(schema, table, "", None))
         label = run_label(self.progress.n, self.progress.sink)
         return chunk_lines(columns, names, key_index, keys,

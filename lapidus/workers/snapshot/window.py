@@ -1,18 +1,18 @@
-"""One held chunk and the watermark hand-off (DBLog's method).
+"""One held chunk and the watermark hand-off (DBLog's method, in Sequin's variant).
 
-Runs in the worker process.  The source opens a :class:`ChunkWindow` *before* it emits the
-chunk's low watermark and runs the SELECT, gives it the rows, then emits the high watermark.
-While the worker reads its stream up to that high watermark, every change of a key of the
-held chunk evicts that key (:meth:`ChunkWindow.saw`); at the high watermark the rows left are
-emitted, in key order, right there in the stream: before any change committed after it.
+Runs in the worker process.  The source opens a :class:`ChunkWindow` *before* it runs the
+chunk's SELECT, gives it the rows, then emits the high watermark.  While the worker reads its
+stream up to that high watermark, every change of a key of the held chunk evicts that key
+(:meth:`ChunkWindow.saw`); at the high watermark the rows left are emitted, in key order,
+right there in the stream: before any change committed after it.
 
 Why this folds to the table's content: a key changed while the window is open has its newest
 state in the stream (the change itself, which comes before the high watermark), so its row
 from the SELECT, which may be older, is dropped; a key not changed in the window still has
-the state the SELECT read.  Changes are tracked from the moment the window opens, not only
-from the low watermark: a change the worker reads between the two is also already in the
-stream, so dropping its row is safe, and this covers a transaction whose commit record
-precedes the low watermark but which the SELECT did not yet see.
+the state the SELECT read.  No low watermark is needed: the window opens at the worker's own
+place in the stream, before the SELECT is sent, so every change the SELECT may not have seen
+is read with the window open, and a change read before it was committed long enough ago to
+be visible to the SELECT (docs/snapshots.md says when it is not: synchronous replication).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Row = Tuple[Dict[str, Any], Dict[str, Any]]  # (pk, item)
 class ChunkWindow:
     """The rows of one chunk of ``schema.table``, keyed by their primary key.
 
-    ``watermark`` is the id both watermark messages carry (``<id>:low``, ``<id>:high``).
+    ``watermark`` is the id the high watermark carries (``<id>:high``).
     ``last_key`` is the chunk's last key in the source's own form (what the next chunk's
     keyset condition starts after), whether or not that row is evicted.
     """
@@ -42,7 +42,6 @@ class ChunkWindow:
         self.selected = 0
         self.last_key: Optional[List[Any]] = None
         self.evicted = 0
-        self.low_seen = False
 
     def hold(self, rows: Sequence[Row], last_key: Optional[List[Any]]) -> None:
         """The SELECT's rows (``(pk, item)``, in key order) and the raw last key.
@@ -100,14 +99,10 @@ class ChunkWindow:
                     self.evicted += 1
 
     def watermark_kind(self, content: str) -> Optional[str]:
-        """``"low"`` or ``"high"`` for this window's watermarks, None for any other (one of
-        an earlier window, resent after a restart of the stream)."""
+        """``"high"`` for this window's watermark, None for any other (one of an earlier
+        window, resent after a restart of the stream)."""
         head, _, kind = content.rpartition(":")
-        if head != self.watermark or kind not in ("low", "high"):
-            return None
-        if kind == "low":
-            self.low_seen = True
-        return kind
+        return kind if head == self.watermark and kind == "high" else None
 
     def remaining(self) -> List[Row]:
         """The rows no change evicted, in key order: what the high watermark emits."""
