@@ -32,3 +32,14 @@ def test_stream_redelivers_a_batch_that_was_not_finished(pg_db, tmp_path):
     replay = list(lapidus.stream(backend, state_dir=tmp_path, idle_timeout=1.0))
     assert [e.item["id"] for e in replay] == [1, 2, 3, 4, 5]
     assert replay[0].id == first.id
+
+
+def test_a_snapshot_through_stream_yields_one_read_event_per_row(pg_db, tmp_path):
+    # the worker loop takes a chunk as one block of encoded records; stream() yields Events
+    pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, price numeric(12,4))",
+              "INSERT INTO t SELECT g, g / 4.0 FROM generate_series(1, 7) g")
+    backend = pg_backend(pg_db, decoder="pgoutput", snapshot="initial", snapshot_chunk_rows=3)
+    events = list(lapidus.stream(backend, state_dir=tmp_path, idle_timeout=2.0))
+    assert all(isinstance(e, lapidus.Event) for e in events)
+    assert [(e.type, e.pk, e.item) for e in events] == [
+        ("read", {"id": i}, {"id": i, "price": f"{i / 4:.4f}"}) for i in range(1, 8)]
