@@ -52,6 +52,16 @@ def start_on_table(lapidus_factory, pg_db, rows: int, **backend_options):
     return start(lapidus_factory, pg_db, port, **backend_options), port
 
 
+def saved_run_rows(proc) -> int:
+    """The rows of the snapshot run in the worker's saved checkpoint (0 before one)."""
+    path = Path(json.loads(proc.config_path.read_text())["state_dir"]) / "pg" / "checkpoint.json"
+    try:
+        position = json.loads(path.read_text())["position"]
+    except (OSError, ValueError):
+        return 0
+    return ((position or {}).get("snapshot") or {}).get("rows", 0)
+
+
 def reading_client(client_loop, proc, port: int, rows: int = 1000):
     """A ``snapshot=1`` client of table ``t``, once ``rows`` of its ``read`` events came."""
     client = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
@@ -129,13 +139,17 @@ def test_a_kill_9_of_the_worker_mid_run_resumes_it_and_the_client_still_folds_to
     writer = Writer(pg_db, 100_000, pause=0.002)
     writer.start()
     try:
-        reader = reading_client(client_loop, proc, port, 20_000)
+        # early: the client reads its frames more slowly than the dispatcher writes them,
+        # and the whole run takes about a second
+        reader = reading_client(client_loop, proc, port, 1000)
         dispatcher = proc.worker_pid("dispatch")
         os.kill(dispatcher, signal.SIGSTOP)     # holds the run mid-way until the kill
         try:
-            # the worker, held by its one batch in flight, goes on reporting its progress
+            # the worker, held by its one batch in flight, goes on reporting its progress;
+            # killed once a chunk of the run is in its saved checkpoint (it resumes there)
             until(proc, lambda: snapshot_state(proc).get("state") == "running", 15,
                   "the run's progress in lapidusctl status")
+            until(proc, lambda: saved_run_rows(proc) > 0, 15, "a chunk of the run saved")
             old = proc.worker_pid("pg")
             os.kill(old, signal.SIGKILL)
         finally:
