@@ -164,9 +164,10 @@ class ReadChunk(NamedTuple):
     their :class:`Record` fields in key order (what :func:`batch_fields` gives for each), all of
     ``schema.table`` with commit time ``ts``.
 
-    A source that builds a chunk's JSON lines straight from the rows it selected (PostgreSQL's,
-    :mod:`lapidus.workers.postgresql.chunkrows`) puts one of these in a batch instead of one
-    :class:`Event` per row; only the worker loop takes them (``Source.encoded_reads``).  Laid out
+    A snapshot run that builds a chunk's JSON lines straight from the rows it selected
+    (:mod:`lapidus.workers.snapshot.lines`: PostgreSQL and MariaDB) puts one of these in a
+    batch instead of one :class:`Event` per row; only the worker loop takes them
+    (``Source.encoded_reads``).  Laid out
     so that what the loop reads of an event means the same here: ``[1]`` is the type, ``.ts``
     the commit time.  Runs in the worker process; never pickled.
     """

@@ -7,7 +7,7 @@ becomes the JSON texts of its values at C speed where it can (:func:`json_texts`
 one ``%`` formatting of a template built once per chunk from the constant pieces of the
 table's read events (:func:`lapidus.events.read_pieces`).  No dict, event or orjson call per
 row; the result is byte for byte :func:`lapidus.events.encode`'s for the event the dicts would
-make (tests/unit/test_pg_chunk_rows.py, test_mysql_snapshot_lines.py).
+make (tests/unit/test_pg_chunk_rows.py; tests/integration/test_mysql_snapshot.py).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def chunk_lines(columns: Sequence[Texts], names: Sequence[str], key_index: Seque
     :func:`.events.pk_text` of the key, the event id ``id_head + pk text``, the record key
     :func:`lapidus.events.key_values`', and ``line`` the event's JSON without its tail:
     ``{"id":<id>`` + ``head`` + the pk's JSON + ``middle`` + the item's JSON (``head`` and
-    ``middle`` from :func:`lapidus.events.read_pieces`).  The tail holds the position and time
-    that only the high watermark brings (:meth:`.run.SnapshotRun.emit_window`).
+    ``middle`` from :func:`lapidus.events.read_pieces`).  The tail holds the position and time,
+    known only when the chunk is emitted (:meth:`.run.SnapshotRun.emit_window`).
     """
     if not columns or not len(columns[0][0]):
         return []
