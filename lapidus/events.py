@@ -167,9 +167,9 @@ class ReadChunk(NamedTuple):
     A snapshot run that builds a chunk's JSON lines straight from the rows it selected
     (:mod:`lapidus.workers.snapshot.lines`: PostgreSQL and MariaDB) puts one of these in a
     batch instead of one :class:`Event` per row; only the worker loop takes them
-    (``Source.encoded_reads``).  Laid out
-    so that what the loop reads of an event means the same here: ``[1]`` is the type, ``.ts``
-    the commit time.  Runs in the worker process; never pickled.
+    (``Source.encoded_reads``).  Laid out so that what the loop reads of an event means the
+    same here: ``[1]`` is the type, ``.ts`` the commit time.  Runs in the worker process;
+    never pickled.
     """
 
     records: list

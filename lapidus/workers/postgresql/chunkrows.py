@@ -43,22 +43,23 @@ COLUMN_CONVERTERS: Dict[Callable[[Any], Any], Callable[[Sequence[Any]], List[Any
 }
 
 
+def convert_column(column: Sequence[Any], convert: Callable[[Any], Any]) -> Sequence[Any]:
+    """One column of a chunk (text or ``None``) converted; a column whose converter is the
+    identity for text comes back as it is."""
+    if convert in IDENTITY_FOR_TEXT:
+        return column
+    whole = COLUMN_CONVERTERS.get(convert)
+    if whole is not None:
+        return whole(column)
+    if None in column:
+        return [None if value is None else convert(value) for value in column]
+    return list(map(convert, column))
+
+
 def convert_columns(raw: Sequence[Sequence[Any]],
                     converters: Sequence[Callable[[Any], Any]]) -> List[Sequence[Any]]:
     """The chunk's columns (``raw`` is its rows of text or ``None``), each converted."""
-    columns: List[Sequence[Any]] = list(zip(*raw))
-    for index, convert in enumerate(converters):
-        if convert in IDENTITY_FOR_TEXT:
-            continue
-        column = columns[index]
-        whole = COLUMN_CONVERTERS.get(convert)
-        if whole is not None:
-            columns[index] = whole(column)
-        elif None in column:
-            columns[index] = [None if value is None else convert(value) for value in column]
-        else:
-            columns[index] = list(map(convert, column))
-    return columns
+    return [convert_column(column, convert) for column, convert in zip(zip(*raw), converters)]
 
 
 def chunk_rows(raw: Sequence[Sequence[Any]], names: Sequence[str],
@@ -115,9 +116,7 @@ def json_column(column: Sequence[Optional[str]], convert: Callable[[Any], Any]) 
         return column, AS_GIVEN
     if convert in IDENTITY_FOR_TEXT:
         return json_strings(column)       # never None: text or NULL only
-    whole = COLUMN_CONVERTERS.get(convert)
-    return json_texts(whole(column) if whole is not None
-                      else [None if v is None else convert(v) for v in column])
+    return json_texts(convert_column(column, convert))
 
 
 def chunk_columns(raw: Sequence[Sequence[Any]], converters: Sequence[Callable[[Any], Any]],
@@ -129,5 +128,4 @@ def chunk_columns(raw: Sequence[Sequence[Any]], converters: Sequence[Callable[[A
     texts = [json_column(column, convert) for column, convert in zip(columns, converters)]
     if len(key_index) == 1 and converters[key_index[0]] is to_int:
         return texts, None
-    return texts, [[None if v is None else converters[i](v) for v in columns[i]]
-                   for i in key_index]
+    return texts, [convert_column(columns[i], converters[i]) for i in key_index]

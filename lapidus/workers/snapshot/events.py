@@ -54,10 +54,16 @@ def pk_text(values: Sequence[Any]) -> str:
         return _stdlib_text(values)
 
 
+def id_head(backend: str, n: Union[int, str], schema: str, table: str) -> str:
+    """What the ids of run ``n``'s read events of ``schema.table`` start with; the key text
+    follows (``shop:read:0:public.items:`` + ``[2]``)."""
+    return f"{backend}:read:{n}:{schema}.{table}:"
+
+
 def read_event(backend: str, n: int, schema: str, table: str, pk: Mapping[str, Any],
                item: Mapping[str, Any], position: str, ts: str) -> Event:
     """One snapshot row: full ``item``, ``pk``, ``before = null``, no transaction."""
-    return Event(id=f"{backend}:read:{n}:{schema}.{table}:{pk_text(list(pk.values()))}",
+    return Event(id=id_head(backend, n, schema, table) + pk_text(list(pk.values())),
                  type="read", backend=backend, schema=schema, table=table, pk=dict(pk),
                  item=item, before=None, position=position, txid=None, ts=ts)
 
@@ -73,7 +79,7 @@ def read_events(backend: str, n: Union[int, str], schema: str, table: str,
     ``pk`` and ``item`` dicts are the held ones, not copies (nothing changes them after the
     window emits them).
     """
-    head = f"{backend}:read:{n}:{schema}.{table}:"
+    head = id_head(backend, n, schema, table)
     return [_new_event(Event, (head + text, "read", backend, schema, table, pk, item, None,
                                position, None, ts, None, None, None, None, None))
             for text, (pk, item) in rows]

@@ -85,7 +85,7 @@ def chunk_lines(columns: Sequence[Texts], names: Sequence[str], key_index: Seque
     ``middle`` from :func:`lapidus.events.read_pieces`).  The tail holds the position and time,
     known only when the chunk is emitted (:meth:`.run.SnapshotRun.emit_window`).
     """
-    if not columns or not len(columns[0][0]):
+    if not columns:
         return []
     texts, places = zip(*columns)
     item = "{" + ",".join(_constant(_json(name)) + ":" + place

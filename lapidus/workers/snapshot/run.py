@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 from ...events import Event, ReadChunk, read_pieces
 from ...sink_runs import end_event, run_label
 from ..base import BackendError
-from .events import read_events
+from .events import id_head, read_events
 from .lines import Texts, chunk_lines
 from .progress import SnapshotProgress
 from .window import ChunkWindow
@@ -138,7 +138,7 @@ class SnapshotRun:
         head, middle, _ = read_pieces(self._sample(schema, table, "", None))
         label = run_label(self.progress.n, self.progress.sink)
         return chunk_lines(columns, names, key_index, keys,
-                           f"{self.backend}:read:{label}:{schema}.{table}:", head.decode(),
+                           id_head(self.backend, label, schema, table), head.decode(),
                            middle.decode())
 
     def _sample(self, schema: str, table: str, position: str, ts: Optional[str]) -> Event:
