@@ -97,12 +97,25 @@ def finish_with_sentinel(pg_db, proc, clients):
 
 def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_one_else(
         lapidus_factory, pg_db, client_loop):
-    proc, port = start_on_table(lapidus_factory, pg_db, 20_000, snapshot_chunk_rows=500)
-    writer = Writer(pg_db, 20_000, pause=0.001)
+    proc, port = start_on_table(lapidus_factory, pg_db, 100_000,
+                                snapshot_chunk_rows=500, batch_size=500, max_inflight_batches=1)
+    writer = Writer(pg_db, 100_000, pause=0.001)
     writer.start()
-    plain = client_loop.connect(url(port, subjects="public.t.>"), AUTH)
-    reader = client_loop.connect(url(port, subjects="public.t.>", snapshot="1"), AUTH)
     try:
+        plain = client_loop.connect(url(port, subjects="public.t.>"), AUTH)
+        reader = reading_client(client_loop, proc, port, 1000)
+        # the run takes about a second: the dispatcher is frozen mid-run (the worker is held
+        # one batch further on) until the writer has changed rows, which the remaining
+        # chunks' windows must then place between their reads
+        dispatcher = proc.worker_pid("dispatch")
+        os.kill(dispatcher, signal.SIGSTOP)
+        try:
+            until(proc, lambda: snapshot_state(proc).get("state") == "running", 15,
+                  "the run's progress in lapidusctl status")
+            written = writer.done
+            wait_until(lambda: writer.done >= written + 100, 30, message="100 more changes")
+        finally:
+            os.kill(dispatcher, signal.SIGCONT)
         wait_state(proc, reader, "done")
     finally:
         writer.stop()
@@ -112,12 +125,12 @@ def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_o
     queued, done = [f for f in reader.frames if f.get("type") == "snapshot"]
     assert queued["backend"] == "pg" and done["n"] == queued["n"]
     reads = [e for e in reader.events() if e["type"] == "read"]
-    assert done["rows"] == len(reads) > 15_000
+    assert done["rows"] == len(reads) > 75_000
     assert all(e["id"].startswith(f"pg:read:{done['n']}@websocket:public.t:") for e in reads)
     # the writer really wrote while the rows were read: changes between the reads
     kinds = [e["type"] for e in reader.events()]
     first, last = kinds.index("read"), len(kinds) - 1 - kinds[::-1].index("read")
-    assert sum(k != "read" for k in kinds[first:last]) > 20
+    assert sum(k != "read" for k in kinds[first:last]) >= 100
     # the run was this client's: not the other client's, not the other sink's
     assert not [f for f in plain.frames if f.get("type") in ("read", "snapshot")]
     stream = proc.events()
