@@ -13,7 +13,9 @@ of the same service user; the socket lives in a 0700 directory.
   :class:`lapidus.events.Record` order; ``at_boundary``: :class:`lapidus.workers.base.Batch`'s,
   one bool per batch; an empty list with it true says that the last batch's transaction ended;
   ``routed``: the batch may hold events of a run made for one sink, :mod:`lapidus.sink_runs`)
-* dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks)
+* dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks);
+  ``HELD [plugin name, ...]`` (these sinks of the backend are down: what is in flight waits for
+  them; sent again every second while it lasts, and an ACK says the wait is over)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from typing import Any, List, Optional, Tuple
 
 HEADER = struct.Struct(">IB")
-HELLO, BATCH, ACK = 1, 2, 3
+HELLO, BATCH, ACK, HELD = 1, 2, 3, 4
 
 
 def pack(kind: int, payload: Any) -> bytes:
@@ -95,6 +97,9 @@ class DispatcherLink:
                 time.sleep(0.05)
         self.sock = sock
         self._buffer = bytearray()
+        # the sinks the dispatcher last said are down (HELD), until an ack comes: a worker
+        # that stops does not wait for acks they cannot give (WorkerLoop._drain)
+        self.sinks_down: List[str] = []
         hello = {"backend": backend}
         if config is not None:
             hello["config"] = config
@@ -108,7 +113,8 @@ class DispatcherLink:
             raise LinkLost(f"dispatcher connection lost: {exc}") from None
 
     def acks(self, timeout: float = 0.0) -> Optional[int]:
-        """The highest acknowledged sequence that arrived within ``timeout``, or None."""
+        """The highest acknowledged sequence that arrived within ``timeout``, or None;
+        :attr:`sinks_down` follows the HELD frames that came with it."""
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return None
@@ -125,6 +131,9 @@ class DispatcherLink:
         for kind, payload in frames:
             if kind == ACK:
                 acked = payload
+                self.sinks_down = []
+            elif kind == HELD:
+                self.sinks_down = payload
         return acked
 
     def close(self) -> None:

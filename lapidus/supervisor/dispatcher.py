@@ -25,7 +25,7 @@ from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_
 from ..sink_runs import run_of, split
 from ..sinks import registry
 from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
-from ..transport import ACK, BATCH, HEADER, HELLO, pack, unpack_from
+from ..transport import ACK, BATCH, HEADER, HELD, HELLO, pack, unpack_from
 from ..workers.runner import next_keep_alive, quiet_report_every
 from .refusals import RefusedEvents
 from .sink_snapshots import SnapshotRequests
@@ -35,6 +35,7 @@ RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
 HOLD_RETRY_MAX = 60.0    # ... of an event a sink refused for good (on_undeliverable = "hold")
 RESEND = "resend"        # a queue item: send the backend's dead letters again
 TAIL_EVERY = 0.2         # seconds between the tails sent to the status page, while watched
+HELD_EVERY = 1.0         # seconds between the HELD frames to a worker whose sink is down
 new_record = tuple.__new__
 
 
@@ -58,6 +59,7 @@ class Pipeline:
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
         self.delivered = 0
+        self.delivering = False               # a batch is with the sinks, not yet acked
         self.task: Optional[asyncio.Task] = None
         self.resend_queued = False            # a RESEND item is in the queue
         self.resend_after = False             # one was taken out while merging batches
@@ -97,6 +99,7 @@ class Pipeline:
             if generation != self.generation:
                 continue  # its worker died; the restarted worker sends it again
             self.resend_after = False
+            self.delivering = True
             seq, records = self._merge_queued(seq, records)
             if records:
                 if records.routed:
@@ -111,6 +114,7 @@ class Pipeline:
                         self._deliver(sink, name, records, generation)
                         for sink, name in zip(self.sinks, self.names)))
                 if generation != self.generation:
+                    self.delivering = False
                     continue  # its worker went away while a sink was being retried
                 self.last_records = confirmed
                 self.delivered += len(records)
@@ -119,6 +123,7 @@ class Pipeline:
                                   [r for r in records if run_of(r, self.backend) is None])
             else:
                 await self._mark_boundary(generation)
+            self.delivering = False
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
@@ -178,6 +183,20 @@ class Pipeline:
             merged.routed = merged.routed or more.routed
             seq = next_seq
         return seq, (records if merged is None else merged)
+
+    def tell_held(self) -> None:
+        """Tell the worker which sinks hold its batches because they are down (HELD): the
+        sinks whose last delivery failed, or that report no connection.  Only while a batch
+        waits for them; an ACK ends it.  A worker told to stop then does not wait for acks
+        that cannot come."""
+        if not (self.delivering or self.queue.qsize()) or self.writer is None \
+                or self.writer.is_closing():
+            return
+        health = self.health()
+        down = [name for name in self.names if name in self.failing
+                or (health.get(name) or {}).get("connected") is False]
+        if down:
+            self.writer.write(pack(HELD, down))
 
     def health(self) -> Dict[str, dict]:
         """``{plugin name: Sink.health()}`` for the sinks that report one; a sink whose
@@ -304,12 +323,16 @@ class Dispatcher:
         async with self.making.setdefault(backend_name, asyncio.Lock()):
             return await self._pipeline_for(backend_name, backend)
 
-    async def _pipeline_for(self, backend_name: str, backend=None) -> Pipeline:
+    def _plugins_of(self, backend_name: str, backend=None) -> tuple:
+        """(the backend's configuration, {plugin name: options}): the worker's ``backend``
+        when it sent one, else the dispatcher's own configuration (at start)."""
         if backend is None:
             backend = next(b for b in self.config.backends if b.name == backend_name)
-            plugins = self.config.plugins_for(backend)
-        else:
-            plugins = {name: dict(options) for name, options in (backend.plugins or {}).items()}
+            return backend, self.config.plugins_for(backend)
+        return backend, {name: dict(options) for name, options in (backend.plugins or {}).items()}
+
+    async def _pipeline_for(self, backend_name: str, backend=None) -> Pipeline:
+        backend, plugins = self._plugins_of(backend_name, backend)
         pipeline = self.pipelines.get(backend_name)
         setup = self._setup_of(backend, plugins)
         if pipeline is not None and pipeline.setup == setup:
@@ -410,7 +433,7 @@ class Dispatcher:
                 del buffer[:used]
                 for kind, payload in frames:
                     if kind == HELLO:
-                        pipeline = await self._pipeline_when_ready(payload)
+                        pipeline = await self._pipeline_when_ready(payload, writer)
                         generation = pipeline.attach(writer)
                     elif kind == BATCH and pipeline is not None:
                         seq, fields, at_boundary, routed = payload
@@ -429,11 +452,12 @@ class Dispatcher:
                 # delivering it now would only make duplicates.
                 pipeline.attach(None)
 
-    async def _pipeline_when_ready(self, hello: dict) -> Pipeline:
+    async def _pipeline_when_ready(self, hello: dict,
+                                   writer: asyncio.StreamWriter) -> Pipeline:
         """The pipeline of a connecting worker; while its sinks cannot be made (a sink's
-        start fails), try again with backoff.  Meanwhile nothing of the worker is read, so
-        it stops at its in-flight limit (backpressure) and nothing is lost or counted as a
-        crash."""
+        start fails), try again with backoff, and tell the worker its sinks are down (HELD).
+        Meanwhile nothing of the worker is read, so it stops at its in-flight limit
+        (backpressure) and nothing is lost or counted as a crash."""
         retry = Backoff(0.5, RETRY_MAX)
         while True:
             try:
@@ -443,6 +467,9 @@ class Dispatcher:
                 self.log.error("cannot start the sinks of a backend; retrying",
                                backend=hello["backend"], error=str(exc),
                                retry_in=round(delay, 2))
+                if not writer.is_closing():
+                    _, plugins = self._plugins_of(hello["backend"], hello.get("config"))
+                    writer.write(pack(HELD, list(plugins)))
                 await asyncio.sleep(delay)
 
     def stats(self) -> dict:
@@ -458,6 +485,14 @@ class Dispatcher:
                               for n, p in self.pipelines.items() if p.refusals.held},
             "dead_letters": {n: p.refusals.count for n, p in self.pipelines.items()},
         }
+
+    async def tell_held_forever(self) -> None:
+        """Every HELD_EVERY seconds, each worker whose batches wait for a sink that is down
+        is told so (:meth:`Pipeline.tell_held`)."""
+        while True:
+            for pipeline in list(self.pipelines.values()):
+                pipeline.tell_held()
+            await asyncio.sleep(HELD_EVERY)
 
     async def report_forever(self) -> None:
         """Stats to the supervisor: looked at every second, sent when they changed, and
@@ -519,9 +554,11 @@ class Dispatcher:
         self.log.info("dispatcher listening")
         reporter = asyncio.create_task(self.report_forever())
         tails = asyncio.create_task(self.tail_forever())
+        held = asyncio.create_task(self.tell_held_forever())
         await self.stopping.wait()
         reporter.cancel()
         tails.cancel()
+        held.cancel()
         server.close()
         for task in self.tasks:
             task.cancel()

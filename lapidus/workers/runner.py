@@ -457,9 +457,15 @@ class WorkerLoop:
         source.commit(self.confirmed)
 
     def _drain(self, link: DispatcherLink) -> None:
-        """Wait (bounded by ``drain_timeout``) for the sinks to confirm what was sent."""
+        """Wait (bounded by ``drain_timeout``) for the sinks to confirm what was sent; not
+        while the dispatcher says a sink is down, whose acks cannot come (what is left is
+        sent again from the saved position, with the same ids)."""
         deadline = time.monotonic() + self.drain_timeout
         while self.inflight and time.monotonic() < deadline:
+            if link.sinks_down:
+                self.log.warning("a sink is down; not waiting for the acks of the batches in "
+                                 "flight", sinks=link.sinks_down)
+                break
             self._take_acks(link, 0.1)
             self._settle_unsent()
         if self.inflight:

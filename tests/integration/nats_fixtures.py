@@ -120,7 +120,7 @@ def stream_count(name: str, url: str = URL) -> int:
     return run(_with_js(count, url))
 
 
-def stream_messages(name: str) -> List[Seen]:
+def stream_messages(name: str, url: str = URL) -> List[Seen]:
     """Every message of the stream in stored order."""
     async def read(js):
         info = await js.stream_info(name)
@@ -129,7 +129,7 @@ def stream_messages(name: str) -> List[Seen]:
             msg = await js.get_msg(name, seq)
             out.append(Seen(msg.subject, msg.data or b"", dict(msg.headers or {})))
         return out
-    return run(_with_js(read))
+    return run(_with_js(read, url))
 
 
 @contextlib.contextmanager

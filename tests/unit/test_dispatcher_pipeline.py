@@ -10,7 +10,7 @@ import structlog
 from lapidus.config import parse_config
 from lapidus.sinks.base import Delivery
 from lapidus.supervisor.dispatcher import Dispatcher, Pipeline
-from lapidus.transport import ACK, unpack_from
+from lapidus.transport import ACK, HELD, unpack_from
 
 
 class RecordingSink:
@@ -39,6 +39,9 @@ class RecordingWriter:
     def acks(self):
         frames, _ = unpack_from(self.data)
         return [payload for kind, payload in frames if kind == ACK]
+
+    def frames(self):
+        return unpack_from(self.data)[0]
 
 
 def deliver(merge_up_to, batches, stale=(), sinks=None):
@@ -191,6 +194,42 @@ def test_a_pipeline_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch):
     assert first is second and len(made) == 1
 
 
+def test_a_worker_whose_sinks_cannot_start_is_told_they_hold_it(tmp_path, monkeypatch):
+    """While a backend's sinks cannot be made, each failed attempt tells its worker (HELD)."""
+    attempts = []
+
+    class NotStarting(RecordingSink):
+        merge_batches = False
+
+        def __init__(self, options, backend):
+            super().__init__()
+
+        async def start(self):
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise ConnectionError("the server refused")
+
+    monkeypatch.setattr("lapidus.supervisor.dispatcher.registry.load", lambda name: NotStarting)
+    monkeypatch.setattr("lapidus.supervisor.dispatcher.Backoff.next", lambda self: 0.0)
+    config = parse_config({
+        "state_dir": str(tmp_path),
+        "backends": [{"name": "a", "type": "postgresql", "database": "a"}],
+        "plugins": {"redis": {}}}, source=str(tmp_path / "lapidus.toml"), env={})
+
+    async def run():
+        dispatcher, writer = Dispatcher(config, str(tmp_path / "d.sock"),
+                                        structlog.get_logger()), RecordingWriter()
+        pipeline = await asyncio.wait_for(
+            dispatcher._pipeline_when_ready({"backend": "a"}, writer), 10)
+        for task in dispatcher.tasks:
+            task.cancel()
+        return pipeline, writer.frames()
+
+    pipeline, frames = asyncio.run(run())
+    assert len(attempts) == 2 and pipeline.names == ["redis"]
+    assert frames == [(HELD, ["redis"])]
+
+
 def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
     """The worker's restart sends it again from its checkpoint; in cluster mode another node
     may stream the backend by then, so a late retry here must not happen."""
@@ -216,6 +255,56 @@ def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
 
     tries, later, acks, delivered = asyncio.run(run())
     assert tries == later <= 2 and acks == [] and delivered == 0
+
+
+def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
+    """HELD names the sinks that report no connection or whose last delivery failed, only
+    while a batch waits; after the ack there is nothing to tell."""
+    class Disconnected(RecordingSink):
+        def __init__(self):
+            super().__init__()
+            self.up = asyncio.Event()
+
+        async def send(self, records):
+            await self.up.wait()          # as a sink waiting for its server does
+            await super().send(records)
+
+        def health(self):
+            return {"connected": self.up.is_set(), "down_seconds": None}
+
+    class FailingOnce(RecordingSink):
+        async def send(self, records):
+            await super().send(records)
+            if len(self.deliveries) == 1:
+                raise ConnectionError("refused")
+
+        def health(self):
+            return {"connected": True, "down_seconds": None}
+
+    async def run():
+        waiting, failing, writer = Disconnected(), FailingOnce(), RecordingWriter()
+        pipeline = Pipeline("crm", [waiting, failing, RecordingSink()],
+                            structlog.get_logger(), names=["nats", "redis", "stdout"])
+        generation = pipeline.attach(writer)
+        pipeline.tell_held()
+        idle = writer.frames()
+        pipeline.queue.put_nowait((generation, 1, Delivery(["a"])))
+        task = asyncio.create_task(pipeline.run())
+        while not failing.deliveries:
+            await asyncio.sleep(0.01)
+        pipeline.tell_held()
+        held = writer.frames()
+        waiting.up.set()
+        while not writer.acks():
+            await asyncio.sleep(0.01)
+        pipeline.tell_held()
+        task.cancel()
+        return idle, held, writer.frames()
+
+    idle, held, after = asyncio.run(run())
+    assert idle == []
+    assert held == [(HELD, ["nats", "redis"])]
+    assert after == [(HELD, ["nats", "redis"]), (ACK, 1)]
 
 
 def test_the_dispatcher_repeats_unchanged_stats_only_as_a_keep_alive(tmp_path, monkeypatch):

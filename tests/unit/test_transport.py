@@ -9,7 +9,7 @@ import time
 import pytest
 
 from lapidus.events import Record
-from lapidus.transport import (ACK, BATCH, HEADER, HELLO, DispatcherLink, LinkLost, pack,
+from lapidus.transport import (ACK, BATCH, HEADER, HELD, HELLO, DispatcherLink, LinkLost, pack,
                                pack_batch, unpack_from)
 
 RECORD = Record("shop:0/1:0", "insert", "public", "t", ("1",), "0/1", b'{"id":"shop:0/1:0"}')
@@ -157,6 +157,17 @@ def test_acks_returns_the_highest_ack_received(dispatcher, link):
     dispatcher.conn.sendall(pack(ACK, 1) + pack(ACK, 2) + pack(ACK, 3))
     assert link.acks(5.0) == 3
     assert link.acks(0.0) is None
+
+
+def test_held_names_the_sinks_down_until_an_ack_comes(dispatcher, link):
+    dispatcher.read_frames(1)
+    assert link.sinks_down == []
+    dispatcher.conn.sendall(pack(ACK, 1) + pack(HELD, ["nats"]))
+    assert link.acks(5.0) == 1 and link.sinks_down == ["nats"]
+    dispatcher.conn.sendall(pack(HELD, ["nats", "redis"]))
+    assert link.acks(5.0) is None and link.sinks_down == ["nats", "redis"]
+    dispatcher.conn.sendall(pack(ACK, 2))
+    assert link.acks(5.0) == 2 and link.sinks_down == []
 
 
 def test_ack_split_across_reads_is_reassembled(dispatcher, link):
