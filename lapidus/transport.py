@@ -14,8 +14,8 @@ of the same service user; the socket lives in a 0700 directory.
   one bool per batch; an empty list with it true says that the last batch's transaction ended;
   ``routed``: the batch may hold events of a run made for one sink, :mod:`lapidus.sink_runs`)
 * dispatcher -> worker: ``ACK seq`` (every batch up to ``seq`` is confirmed by all sinks);
-  ``HELD [plugin name, ...]`` (these sinks of the backend are down: what is in flight waits for
-  them; sent again every second while it lasts, and an ACK says the wait is over)
+  ``HELD [plugin name, ...]`` (these sinks hold what is in flight: they are down, or refuse an
+  event for good; sent again every second while it lasts, and an ACK says the wait is over)
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ class DispatcherLink:
                 time.sleep(0.05)
         self.sock = sock
         self._buffer = bytearray()
-        # the sinks the dispatcher last said are down (HELD), until an ack comes: a worker
-        # that stops does not wait for acks they cannot give (WorkerLoop._drain)
-        self.sinks_down: List[str] = []
+        # the sinks the dispatcher last said hold the batches (HELD), until an ack comes: a
+        # worker that stops does not wait for acks they cannot give (WorkerLoop._drain)
+        self.held_by: List[str] = []
         hello = {"backend": backend}
         if config is not None:
             hello["config"] = config
@@ -114,7 +114,7 @@ class DispatcherLink:
 
     def acks(self, timeout: float = 0.0) -> Optional[int]:
         """The highest acknowledged sequence that arrived within ``timeout``, or None;
-        :attr:`sinks_down` follows the HELD frames that came with it."""
+        :attr:`held_by` follows the HELD frames that came with it."""
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return None
@@ -131,9 +131,9 @@ class DispatcherLink:
         for kind, payload in frames:
             if kind == ACK:
                 acked = payload
-                self.sinks_down = []
+                self.held_by = []
             elif kind == HELD:
-                self.sinks_down = payload
+                self.held_by = payload
         return acked
 
     def close(self) -> None:

@@ -185,15 +185,16 @@ class Pipeline:
         return seq, (records if merged is None else merged)
 
     def tell_held(self) -> None:
-        """Tell the worker which sinks hold its batches because they are down (HELD): the
-        sinks whose last delivery failed, or that report no connection.  Only while a batch
-        waits for them; an ACK ends it.  A worker told to stop then does not wait for acks
-        that cannot come."""
+        """Tell the worker which sinks hold its batches (HELD): the sinks whose last delivery
+        failed, that report no connection, or that refuse an event for good (held at it,
+        ``on_undeliverable = "hold"``).  Only while a batch waits for them; an ACK ends it.
+        A worker told to stop then does not wait for acks that cannot come."""
         if not (self.delivering or self.queue.qsize()) or self.writer is None \
                 or self.writer.is_closing():
             return
         health = self.health()
         down = [name for name in self.names if name in self.failing
+                or name in self.refusals.held
                 or (health.get(name) or {}).get("connected") is False]
         if down:
             self.writer.write(pack(HELD, down))

@@ -458,13 +458,13 @@ class WorkerLoop:
 
     def _drain(self, link: DispatcherLink) -> None:
         """Wait (bounded by ``drain_timeout``) for the sinks to confirm what was sent; not
-        while the dispatcher says a sink is down, whose acks cannot come (what is left is
-        sent again from the saved position, with the same ids)."""
+        while the dispatcher says a sink holds the batches (down, or refusing an event), whose
+        acks cannot come (what is left is sent again from the saved position, same ids)."""
         deadline = time.monotonic() + self.drain_timeout
         while self.inflight and time.monotonic() < deadline:
-            if link.sinks_down:
-                self.log.warning("a sink is down; not waiting for the acks of the batches in "
-                                 "flight", sinks=link.sinks_down)
+            if link.held_by:
+                self.log.warning("not waiting for the acks of the batches in flight: a sink "
+                                 "holds them", sinks=link.held_by)
                 break
             self._take_acks(link, 0.1)
             self._settle_unsent()

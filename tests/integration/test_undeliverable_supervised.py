@@ -87,3 +87,8 @@ def test_hold_keeps_the_backend_at_the_large_row_and_says_why(
         assert not (tmp_path / "state" / "pg" / "dead-letters.jsonl").exists()
     finally:
         watcher.close()
+    # a stop does not wait for the ack of the held row, which cannot come
+    assert proc.terminate(30) == 0
+    told = [json.loads(line) for line in proc.log().splitlines()
+            if '"not waiting for the acks of the batches in flight: a sink holds them"' in line]
+    assert told and told[0]["sinks"] == ["nats"]

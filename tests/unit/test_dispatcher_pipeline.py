@@ -258,8 +258,9 @@ def test_a_failing_batch_is_not_retried_once_its_worker_is_gone():
 
 
 def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
-    """HELD names the sinks that report no connection or whose last delivery failed, only
-    while a batch waits; after the ack there is nothing to tell."""
+    """HELD names the sinks that report no connection, whose last delivery failed or that
+    hold at a refused event, only while a batch waits; after the ack there is nothing to
+    tell."""
     class Disconnected(RecordingSink):
         def __init__(self):
             super().__init__()
@@ -272,6 +273,10 @@ def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
         def health(self):
             return {"connected": self.up.is_set(), "down_seconds": None}
 
+    class Refusing(Disconnected):
+        def health(self):
+            return {"connected": True, "down_seconds": None}
+
     class FailingOnce(RecordingSink):
         async def send(self, records):
             await super().send(records)
@@ -283,8 +288,11 @@ def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
 
     async def run():
         waiting, failing, writer = Disconnected(), FailingOnce(), RecordingWriter()
-        pipeline = Pipeline("crm", [waiting, failing, RecordingSink()],
-                            structlog.get_logger(), names=["nats", "redis", "stdout"])
+        refusing = Refusing()
+        pipeline = Pipeline("crm", [waiting, failing, RecordingSink(), refusing],
+                            structlog.get_logger(), names=["nats", "redis", "stdout", "mqtt"])
+        # held at a refused event, as RefusedEvents.refused leaves it, until it takes one
+        pipeline.refusals.held["mqtt"] = {"error": "payload too large"}
         generation = pipeline.attach(writer)
         pipeline.tell_held()
         idle = writer.frames()
@@ -295,6 +303,7 @@ def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
         pipeline.tell_held()
         held = writer.frames()
         waiting.up.set()
+        refusing.up.set()
         while not writer.acks():
             await asyncio.sleep(0.01)
         pipeline.tell_held()
@@ -303,8 +312,8 @@ def test_the_worker_is_told_which_sinks_hold_its_batch_while_they_are_down():
 
     idle, held, after = asyncio.run(run())
     assert idle == []
-    assert held == [(HELD, ["nats", "redis"])]
-    assert after == [(HELD, ["nats", "redis"]), (ACK, 1)]
+    assert held == [(HELD, ["nats", "redis", "mqtt"])]
+    assert after == [(HELD, ["nats", "redis", "mqtt"]), (ACK, 1)]
 
 
 def test_the_dispatcher_repeats_unchanged_stats_only_as_a_keep_alive(tmp_path, monkeypatch):

@@ -159,15 +159,15 @@ def test_acks_returns_the_highest_ack_received(dispatcher, link):
     assert link.acks(0.0) is None
 
 
-def test_held_names_the_sinks_down_until_an_ack_comes(dispatcher, link):
+def test_held_names_the_sinks_holding_the_batches_until_an_ack_comes(dispatcher, link):
     dispatcher.read_frames(1)
-    assert link.sinks_down == []
+    assert link.held_by == []
     dispatcher.conn.sendall(pack(ACK, 1) + pack(HELD, ["nats"]))
-    assert link.acks(5.0) == 1 and link.sinks_down == ["nats"]
+    assert link.acks(5.0) == 1 and link.held_by == ["nats"]
     dispatcher.conn.sendall(pack(HELD, ["nats", "redis"]))
-    assert link.acks(5.0) is None and link.sinks_down == ["nats", "redis"]
+    assert link.acks(5.0) is None and link.held_by == ["nats", "redis"]
     dispatcher.conn.sendall(pack(ACK, 2))
-    assert link.acks(5.0) == 2 and link.sinks_down == []
+    assert link.acks(5.0) == 2 and link.held_by == []
 
 
 def test_ack_split_across_reads_is_reassembled(dispatcher, link):

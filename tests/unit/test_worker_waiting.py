@@ -249,7 +249,7 @@ class FakeLink:
         self.sent: List[int] = []
         self.frames: List[tuple] = []          # (seq, number of records, at_boundary)
         self.confirm_up_to: Optional[int] = None
-        self.sinks_down: List[str] = []
+        self.held_by: List[str] = []
         FakeLink.instances.append(self)
 
     def send_batch(self, seq, records, at_boundary=False, routed=False):
