@@ -35,7 +35,7 @@ RETRY_MAX = 10.0         # seconds between retries of a failing sink, at most
 HOLD_RETRY_MAX = 60.0    # ... of an event a sink refused for good (on_undeliverable = "hold")
 RESEND = "resend"        # a queue item: send the backend's dead letters again
 TAIL_EVERY = 0.2         # seconds between the tails sent to the status page, while watched
-HELD_EVERY = 1.0         # seconds between the HELD frames to a worker whose sink is down
+HELD_EVERY = 1.0         # seconds between the HELD frames to a worker a sink holds back
 new_record = tuple.__new__
 
 
@@ -488,8 +488,8 @@ class Dispatcher:
         }
 
     async def tell_held_forever(self) -> None:
-        """Every HELD_EVERY seconds, each worker whose batches wait for a sink that is down
-        is told so (:meth:`Pipeline.tell_held`)."""
+        """Every HELD_EVERY seconds, each worker whose batches a sink holds is told which
+        (:meth:`Pipeline.tell_held`)."""
         while True:
             for pipeline in list(self.pipelines.values()):
                 pipeline.tell_held()
