@@ -144,6 +144,16 @@ class LapidusProcess:
     def log(self) -> str:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 
+    def records(self) -> list:
+        """The JSON log lines on standard error, parsed (anything else skipped)."""
+        records = []
+        for line in self.log().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass
+        return records
+
     def wait_log(self, text: str, timeout: float = 30.0):
         wait_until(lambda: text in self.log(), timeout,
                    message=f"{text!r} in the log:\n{self.log()[-3000:]}")

@@ -10,7 +10,6 @@ brings back up (PostgreSQL, MariaDB), or a SecantusDB stopped and started on the
 from __future__ import annotations
 
 import collections
-import json
 import threading
 
 from tests.conftest import wait_until
@@ -75,7 +74,7 @@ def ride_out_an_outage(proc, name: str, write, take_down, bring_up, table: str, 
     row = wait_until(lambda: (lambda r: r if r.get("state") == "RUNNING" else None)(
         backend_status(path, name)), 30, message="RUNNING again")
     assert row["restarts"] == 0 and "waiting_for" not in row, row
-    records = [json.loads(line) for line in proc.log().splitlines() if line.startswith("{")]
+    records = proc.records()
     # MongoDB's driver may ride out the whole outage inside one attempt (server selection)
     assert any(r.get("event", "").startswith(("cannot reach the database; waiting",
                                               "lost the connection to the database"))

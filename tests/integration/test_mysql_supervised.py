@@ -69,17 +69,6 @@ def checkpoint_of(proc, backend: str):
         return None      # not written yet, or caught between write and rename
 
 
-def log_records(proc) -> list:
-    """The JSON log lines on standard error, parsed (anything else skipped)."""
-    records = []
-    for line in proc.log().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass
-    return records
-
-
 def assert_same_content_per_id(events) -> dict:
     """A change seen twice is the same event (same id, same content); returns id -> event."""
     by_id = {}
@@ -407,7 +396,7 @@ def test_wrong_password_is_fatal_for_that_backend_only_and_never_shown(
     assert [(e["backend"], e["type"], e["item"]) for e in events] == [("pg", "insert",
                                                                        {"id": 1})]
     log = proc.log()
-    starts = [r for r in log_records(proc) if r.get("event") == "started"
+    starts = [r for r in proc.records() if r.get("event") == "started"
               and r.get("backend") == "crm"]
     assert len(starts) == 1                            # FATAL: never started again
     for text in shown + [log]:
@@ -444,12 +433,12 @@ def test_unreachable_server_is_waited_for_and_named_in_log_and_status(lapidus_fa
     row = status(path)["crm"]
     assert row["state"] == "WAITING" and row["restarts"] == 0, row
 
-    waits = [r for r in log_records(proc)
+    waits = [r for r in proc.records()
              if r.get("event") == "cannot reach the database; waiting, then retrying"]
     assert len(waits) >= 2, proc.log()[-3000:]
     for record in waits:
         assert f"cannot reach MySQL/MariaDB at {address}" in record["error"], record
-    assert not [r for r in log_records(proc) if r.get("event") == "backend failed"]
+    assert not [r for r in proc.records() if r.get("event") == "backend failed"]
     assert "Traceback" not in proc.log()
 
 

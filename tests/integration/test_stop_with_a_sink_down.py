@@ -21,10 +21,6 @@ __all__ = ["private_nats"]   # fixture, imported for pytest
 pytestmark = pytest.mark.integration
 
 
-def records(proc) -> list:
-    return [json.loads(line) for line in proc.log().splitlines() if line.startswith("{")]
-
-
 def test_a_stop_while_the_sink_is_down_does_not_wait_for_acks_and_loses_nothing(
         lapidus_factory, pg_db, private_nats):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -39,7 +35,7 @@ def test_a_stop_while_the_sink_is_down_does_not_wait_for_acks_and_loses_nothing(
                message="a batch held by the sink that is down")
 
     assert proc.terminate(30) == 0
-    worker = [r for r in records(proc) if r.get("process") == "worker"]
+    worker = [r for r in proc.records() if r.get("process") == "worker"]
     told = [r for r in worker if r["event"] == "not waiting for the acks of the batches in "
                                               "flight: a sink holds them"]
     assert told and told[0]["sinks"] == ["nats"]

@@ -89,6 +89,6 @@ def test_hold_keeps_the_backend_at_the_large_row_and_says_why(
         watcher.close()
     # a stop does not wait for the ack of the held row, which cannot come
     assert proc.terminate(30) == 0
-    told = [json.loads(line) for line in proc.log().splitlines()
-            if '"not waiting for the acks of the batches in flight: a sink holds them"' in line]
+    told = [r for r in proc.records()
+            if r["event"] == "not waiting for the acks of the batches in flight: a sink holds them"]
     assert told and told[0]["sinks"] == ["nats"]

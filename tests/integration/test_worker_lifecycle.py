@@ -9,7 +9,6 @@ which the log shows as a non-zero exit code.
 
 from __future__ import annotations
 
-import json
 import time
 
 import psutil
@@ -24,13 +23,9 @@ pytest_plugins = ["tests.integration.mysql_fixtures"]
 SUPERVISOR = {"stop_timeout": 4, "max_restarts": 2, "restart_window": 60}
 
 
-def records(proc):
-    return [json.loads(line) for line in proc.log().splitlines() if line.startswith("{")]
-
-
 def assert_each_worker_stopped(proc, names):
     assert proc.terminate(timeout=60) == 0
-    stopped = {r["backend"]: r["exit_code"] for r in records(proc)
+    stopped = {r["backend"]: r["exit_code"] for r in proc.records()
                if r.get("event") == "stopped" and r.get("backend")}
     assert stopped == {name: 0 for name in names}, proc.log()[-3000:]
     assert "Traceback" not in proc.log()
@@ -104,7 +99,7 @@ def test_scopes_that_match_nothing_are_warned_about_at_start(lapidus_factory, pg
     for name in ("pg", "crm", "nodb"):
         wait_until(lambda: backend_status(proc.config_path, name).get("state") == "RUNNING",
                    60, message=f"{name} RUNNING; log:\n{proc.log()[-3000:]}")
-    warnings = [(r.get("backend"), r["event"]) for r in records(proc)
+    warnings = [(r.get("backend"), r["event"]) for r in proc.records()
                 if r.get("level") == "warning"]
     assert any(b == "pg" and 'pattern "ordrs" matches no table' in e for b, e in warnings)
     assert any(b == "crm" and 'pattern "itmes" matches no table' in e for b, e in warnings)
@@ -116,7 +111,7 @@ def test_scopes_that_match_nothing_are_warned_about_at_start(lapidus_factory, pg
     sql.run("CREATE TABLE itmes (id INT PRIMARY KEY)", "INSERT INTO itmes VALUES (1)")
     for name, pattern in (("pg", "ordrs"), ("crm", "itmes")):
         wait_until(lambda: any(r.get("backend") == name and r["event"].startswith(
-            f'include_tables pattern "{pattern}" now matches table') for r in records(proc)),
+            f'include_tables pattern "{pattern}" now matches table') for r in proc.records()),
             30, message=f"{name}: {pattern} now matches")
     assert_each_worker_stopped(proc, ("pg", "crm", "nodb"))
 
