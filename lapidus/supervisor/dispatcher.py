@@ -59,7 +59,8 @@ class Pipeline:
         self.writer: Optional[asyncio.StreamWriter] = None
         self.generation = 0
         self.delivered = 0
-        self.delivering = False               # a batch is with the sinks, not yet acked
+        self.delivering = False               # a worker's batch taken from the queue, until
+                                              # the loop comes back for the next one
         self.task: Optional[asyncio.Task] = None
         self.resend_queued = False            # a RESEND item is in the queue
         self.resend_after = False             # one was taken out while merging batches
@@ -92,6 +93,7 @@ class Pipeline:
 
     async def run(self) -> None:
         while True:
+            self.delivering = False
             generation, seq, records = await self.queue.get()
             if generation == RESEND:
                 await self._resend()
@@ -114,7 +116,6 @@ class Pipeline:
                         self._deliver(sink, name, records, generation)
                         for sink, name in zip(self.sinks, self.names)))
                 if generation != self.generation:
-                    self.delivering = False
                     continue  # its worker went away while a sink was being retried
                 self.last_records = confirmed
                 self.delivered += len(records)
@@ -123,7 +124,6 @@ class Pipeline:
                                   [r for r in records if run_of(r, self.backend) is None])
             else:
                 await self._mark_boundary(generation)
-            self.delivering = False
             if generation == self.generation and self.writer and not self.writer.is_closing():
                 self.writer.write(pack(ACK, seq))
             if self.resend_after:
