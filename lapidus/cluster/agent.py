@@ -3,17 +3,21 @@ may run.
 
 Runs in its own process, forked by the supervisor in cluster mode, around one asyncio loop
 with one NATS connection (the nats plugin's :class:`~lapidus.sinks.nats.connection.Connection`,
-so credentials, TLS and reconnection behave as for the sink).  Every tick it
+so credentials, TLS and reconnection behave as for the sink).  Two tasks share it:
 
-1. renews the leases it holds and its node record, each due every ``lease_ttl / 5``
-   (compare-and-set on the revision; a refused one means another node took the lease over),
-2. reads every backend's lease and the node records (an entry unchanged for ``lease_ttl`` on
-   this node's clock is expired),
-3. takes free leases up to its fair share and flags at most one for hand-over when above it
-   (:mod:`.balance`), releasing a flagged lease once the supervisor reports that backend's
-   worker gone (drained and checkpointed),
-4. reports to the supervisor: for each lease held, its epoch and the send time of its newest
-   confirmed renewal (:class:`~.protocol.Grant`), and a view for ``lapidusctl cluster``.
+* the renewer renews the leases it holds and its node record every ``lease_ttl / 5``
+  (compare-and-set on the revision; a refused one means another node took the lease over),
+  on its own clock: a read below that waits out a stream leader election never delays it;
+* the tick, about every second,
+
+  1. reads every backend's lease and the node records (an entry unchanged for ``lease_ttl``
+     on this node's clock is expired),
+  2. takes free leases up to its fair share and flags at most one for hand-over when above it
+     (:mod:`.balance`), releasing a flagged lease once the supervisor reports that backend's
+     worker gone (drained and checkpointed).
+
+Both report to the supervisor: for each lease held, its epoch and the send time of its newest
+confirmed renewal (:class:`~.protocol.Grant`), and a view for ``lapidusctl cluster``.
 
 It never starts or stops a worker itself, and it never needs to: the supervisor stops a
 worker once its grant is older than ``STOP_AT * lease_ttl`` whether this process is alive,
@@ -45,6 +49,7 @@ from .protocol import (RENEW_EVERY, Grant, Lease, lease_key, node_key)
 TICK_MAX = 1.0          # seconds between reads of the bucket, at most
 RETRY_BUCKET = 2.0      # seconds between attempts to open or create the bucket
 RETRY_WRITE = 0.1       # seconds between attempts of one renewal (no stream leader yet ...)
+ATTEMPT_MIN = 0.5       # seconds an attempt waits for its reply, at least
 
 
 @dataclass
@@ -56,6 +61,9 @@ class Held:
     revision: int
     renewed_at: float
     handover_since: Optional[int] = None     # the report that first withdrew it
+    # when the first write at ``revision`` not yet confirmed was sent: if one was stored but
+    # its reply lost, that stored renewal was sent no earlier than this
+    unconfirmed_since: Optional[float] = None
 
 
 @dataclass
@@ -89,6 +97,7 @@ class LeaseAgent:
         self.stopping = False
         self.inbox_closed = False
         self.wake: Optional[asyncio.Event] = None
+        self.writes = asyncio.Lock()         # a renewal round, or a release
         self.kv: Any = None
         self.js: Any = None
         self.connection: Any = None
@@ -106,9 +115,12 @@ class LeaseAgent:
                                      "name": f"lapidus-cluster:{self.me}"})
         self.connection = Connection(options, "cluster", self.log)
         self.connection.start()
+        renewer = asyncio.ensure_future(self._renew_forever())
         try:
             while not (self.stopping and (not self.running or self.inbox_closed)):
                 wake.clear()
+                if renewer.done():
+                    renewer.result()        # it failed: this child crashes, and is restarted
                 started = time.monotonic()
                 if self.kv is None:
                     await self._open_bucket()
@@ -120,8 +132,10 @@ class LeaseAgent:
                     await asyncio.wait_for(wake.wait(), pause)
                 except asyncio.TimeoutError:
                     pass
+            await _cancelled(renewer)
             await self._release_all()
         finally:
+            await _cancelled(renewer)
             await self.connection.close()
         return exitcodes.CHILD_OK
 
@@ -165,9 +179,6 @@ class LeaseAgent:
     # -- the tick ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
-        now = time.monotonic()
-        if now - self.last_renewal >= self.ttl * RENEW_EVERY:
-            await self._renew(now)
         try:
             await self._read_bucket()
         except Exception as exc:
@@ -176,11 +187,28 @@ class LeaseAgent:
             return
         await self._balance()
 
+    async def _renew_forever(self) -> None:
+        """Renew every ``lease_ttl * RENEW_EVERY`` once the bucket is open, and report the
+        new grants at once.  A round holds ``writes``: a lease is not released (deleted at its
+        revision) while a renewal moves that revision."""
+        interval = self.ttl * RENEW_EVERY
+        while True:
+            wait = self.last_renewal + interval - time.monotonic()
+            if self.kv is None:
+                wait = self._tick_every()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            async with self.writes:
+                await self._renew(time.monotonic())
+            self._report()
+
     async def _renew(self, sent: float) -> None:
         """Renew every held lease and this node's record, concurrently."""
         self.last_renewal = sent
         names = list(self.held)
-        results = await asyncio.gather(self._put_node(), *(self._renew_one(b) for b in names),
+        results = await asyncio.gather(self._put_node(), *(self._renew_one(b, sent)
+                                                           for b in names),
                                        return_exceptions=True)
         self.renewal_seconds = time.monotonic() - sent
         failed = [b for b, r in zip(["<node>"] + names, results) if r is not True]
@@ -189,9 +217,6 @@ class LeaseAgent:
             self.log.warning("lease renewal failed", backends=failed,
                              seconds=round(self.renewal_seconds, 3),
                              errors=sorted({_describe(r) for r in results if r is not True}))
-        for backend, result in zip(names, results[1:]):
-            if result is True:
-                self.held[backend].renewed_at = sent
 
     async def _put_node(self) -> bool:
         value = orjson.dumps({"node": self.me, "max_backends": self.cluster.max_backends,
@@ -205,10 +230,15 @@ class LeaseAgent:
         until one renewal interval has passed; a compare-and-set refusal is final."""
         import nats.errors
         import nats.js.errors
-        give_up = time.monotonic() + self._request_timeout()
+        round_seconds = self._request_timeout()
+        give_up = time.monotonic() + round_seconds
         while True:
+            # An attempt gets a third of the round (at least ATTEMPT_MIN): a request that
+            # went to a server killed meanwhile never has its reply, and the next attempt
+            # goes through the server the connection moved to.
+            wait = min(give_up - time.monotonic(), max(ATTEMPT_MIN, round_seconds / 3))
             try:
-                return await write()
+                return await asyncio.wait_for(write(), max(0.05, wait))
             except nats.js.errors.KeyWrongLastSequenceError:
                 raise
             except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError,
@@ -218,24 +248,31 @@ class LeaseAgent:
                     raise
                 await asyncio.sleep(RETRY_WRITE)
 
-    async def _renew_one(self, backend: str) -> bool:
+    async def _renew_one(self, backend: str, sent: float) -> bool:
+        """Renew one lease (a round runs under ``writes``); True once it is confirmed."""
         import nats.js.errors
         held = self.held[backend]
         lease = Lease(backend, self.me, held.epoch, held.revision,
                       held.handover_since is not None)
+        if held.unconfirmed_since is None:
+            held.unconfirmed_since = sent
         try:
             held.revision = await self._retrying(lambda: self.kv.update(
                 lease_key(backend), lease.value(), last=held.revision))
+            held.renewed_at, held.unconfirmed_since = sent, None
             return True
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
-        # Refused: either an earlier renewal of ours was stored but its reply lost (adopt
-        # that revision; the renewal time stays that of the last confirmed one), or another
-        # node took the lease over after it expired.
+        # Refused: either a renewal of ours was stored but its reply lost (a retry of this
+        # round, or a write of an earlier one that failed), or another node took the lease
+        # over after it expired.  Ours: adopt that revision, renewed when the first write
+        # at the old revision was sent (the stored one was sent no earlier).
         current = await self._get_lease(backend)
         if current is not None and current.node == self.me and current.epoch == held.epoch:
             held.revision = current.revision
-            return False
+            held.renewed_at = max(held.renewed_at, held.unconfirmed_since)
+            held.unconfirmed_since = None
+            return True
         self.held.pop(backend, None)
         self.log.error("lease lost: another node holds this backend now; its worker here is "
                        "stopped", backend=backend, holder=current.node if current else None)
@@ -350,14 +387,15 @@ class LeaseAgent:
                       expired_after=round(now - seen.since, 2) if seen is not None else None)
 
     async def _release(self, backend: str, why: str) -> None:
-        held = self.held[backend]
-        try:
-            await self.kv.delete(lease_key(backend), last=held.revision)
-        except Exception as exc:
-            # the lease then expires by itself; the worker is gone already
-            self.log.warning("cannot release a lease; it expires by itself", backend=backend,
-                             error=_describe(exc))
-        self.held.pop(backend, None)
+        async with self.writes:
+            held = self.held[backend]
+            try:
+                await self.kv.delete(lease_key(backend), last=held.revision)
+            except Exception as exc:
+                # the lease then expires by itself; the worker is gone already
+                self.log.warning("cannot release a lease; it expires by itself",
+                                 backend=backend, error=_describe(exc))
+            self.held.pop(backend, None)
         self.log.info("lease released", backend=backend, reason=why)
 
     async def _release_all(self) -> None:
@@ -436,6 +474,11 @@ class LeaseAgent:
                 else round(self.renewal_seconds, 4),
                 "renewal_failures": self.renewal_failures,
                 "nodes": nodes, "leases": leases}
+
+
+async def _cancelled(task: "asyncio.Future") -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _seen(previous: Optional[Seen], revision: int, now: float, value: Any) -> Seen:
