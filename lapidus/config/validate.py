@@ -146,7 +146,7 @@ class _Validator(_BackendReader, _Expander):
         ttl = values.get("lease_ttl")
         if ttl is not None and ttl < MIN_LEASE_TTL:
             self.problem("cluster.lease_ttl", f"must be at least {MIN_LEASE_TTL:g} seconds (it "
-                         f"is renewed every third of it), got {ttl:g}")
+                         f"is renewed every fifth of it), got {ttl:g}")
         for index, backend in enumerate(backends):
             if not backend.options.get("enabled", True):
                 continue

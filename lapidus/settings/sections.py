@@ -119,7 +119,7 @@ CLUSTER: Tuple[Setting, ...] = (
     Setting("replicas", Int(1, 5), "Replicas of a created bucket: 3 on a three-server NATS "
             "cluster, so losing one server loses nothing.", 1),
     Setting("lease_ttl", Seconds(), "A lease not renewed for this long is taken over by another "
-            "node; renewed every third of it.", 15.0),
+            "node; renewed every fifth of it.", 15.0),
     Setting("max_backends", Int(1), "The most backends this node streams at once; unset: as "
             "many as its fair share needs."),
     Setting("user", Str(), "NATS user name (with password)."),

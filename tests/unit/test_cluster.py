@@ -65,7 +65,7 @@ def test_cluster_connection_problems_are_judged_like_the_nats_sinks_and_listed_t
         'cluster.servers[1]: is not a URL: expected scheme://host:port, as nats://host:4222 '
         '(is ":" or "//" missing after the scheme?)',
         'cluster.password: given without "user"; add user',
-        "cluster.lease_ttl: must be at least 3 seconds (it is renewed every third of it), got 1",
+        "cluster.lease_ttl: must be at least 3 seconds (it is renewed every fifth of it), got 1",
     ]
 
 
