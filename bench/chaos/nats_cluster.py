@@ -100,6 +100,22 @@ cluster {{
                 await nc.close()
         return asyncio.run(check())
 
+    def leader_of(self, stream: str) -> int:
+        """The index of the server that leads ``stream`` now (a KV bucket is the stream
+        ``KV_<bucket>``)."""
+        async def ask() -> str:
+            nc = await nats.connect(self.live_urls(), connect_timeout=1,
+                                    allow_reconnect=False)
+            try:
+                cluster = (await nc.jetstream(timeout=2).stream_info(stream)).cluster
+                return cluster.leader if cluster is not None else ""
+            finally:
+                await nc.close()
+        leader = asyncio.run(ask())
+        names = [f"n{index}" for index in range(len(self.procs))]
+        assert leader in names, f"{stream} has no leader ({leader!r})"
+        return names.index(leader)
+
     def kill(self, index: int) -> None:
         """SIGKILL one server (a crash: nothing flushed, no lame-duck mode)."""
         proc = self.procs[index]
