@@ -32,6 +32,12 @@ set_process_name("lapidus:forker")
 # and, as before, ignores SIGHUP.)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
+# SIGTERM is also blocked, and a worker inherits it blocked: a SIGTERM sent before the worker's
+# handler is in place (the supervisor stops a worker it has just started: a hand-over, a
+# reload, a restart) waits as pending, where an ignored one would be dropped and the stop end
+# in a SIGKILL after stop_timeout.  The worker unblocks it once its handler is set
+# (runner.worker_main).
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 # Imported last (after the source modules): what is loaded now stays out of every garbage
 # collection, in the server and in the workers, whose collections would otherwise write to

@@ -543,6 +543,16 @@ def _let_go_of_the_fork_servers_pipes() -> None:
                 pass
 
 
+def take_signals(on_stop, wake: Wakeup) -> None:
+    """Set the worker's signal handlers, then let SIGTERM in: blocked since the fork
+    (:mod:`lapidus.workers.forkserver`), a stop that came already is delivered now, to
+    ``on_stop``."""
+    signal.signal(signal.SIGTERM, on_stop)
+    wake.install()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_level: str,
                 heartbeat_timeout: float, lease, status) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process).
@@ -565,9 +575,7 @@ def worker_main(backend, state_dir: str, socket_path: str, log_format: str, log_
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     wake = Wakeup()
     loop = WorkerLoop(backend, path, socket_path, status, log, heartbeat_timeout, lease, wake)
-    signal.signal(signal.SIGTERM, loop.request_stop)
-    wake.install()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the supervisor, which stops us
+    take_signals(loop.request_stop, wake)
     try:
         code = run_profiled(f"worker-{backend.name}", loop.run)
     except StopRequested:       # a stop that hit the very end of a blocking section
