@@ -268,6 +268,8 @@ class LeaseAgent:
         # over after it expired.  Ours: adopt that revision, renewed when the first write
         # at the old revision was sent (the stored one was sent no earlier).
         current = await self._get_lease(backend)
+        if current is not None and current.revision <= held.revision:
+            return False        # a read from a replica behind the refusal proves nothing
         if current is not None and current.node == self.me and current.epoch == held.epoch:
             held.revision = current.revision
             held.renewed_at = max(held.renewed_at, held.unconfirmed_since)

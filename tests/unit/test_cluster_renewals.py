@@ -39,6 +39,7 @@ class HeldBucket:
         self.writes.set()
         self.log: List[Tuple[str, str, Optional[int]]] = []     # (call, key, last)
         self.lost_replies = 0       # this many updates are stored, then never answered
+        self.behind: Dict[str, Entry] = {}     # what a replica behind the leader answers
 
     def _store(self, key: str, value: bytes) -> int:
         self.revision += 1
@@ -70,6 +71,8 @@ class HeldBucket:
 
     async def get(self, key):
         await self.reads.wait()
+        if key in self.behind:
+            return self.behind[key]
         if key not in self.entries:
             raise nats.js.errors.KeyNotFoundError()
         value, revision = self.entries[key]
@@ -194,3 +197,26 @@ def test_a_renewal_stored_but_unanswered_counts_from_when_it_was_first_sent():
     assert agent.held["crm"].renewed_at == sent
     assert agent.held["crm"].revision == bucket.entries[lease_key("crm")][1]
     assert agent.renewal_failures == 0
+
+
+def test_a_refused_renewal_is_adopted_only_on_a_read_that_shows_a_newer_write_of_ours():
+    async def scenario():
+        bucket = HeldBucket()
+        agent = agent_holding("crm", bucket)
+        # a renewal of ours stored, its reply lost; the read comes from a replica behind
+        bucket.behind[lease_key("crm")] = Entry(*bucket.entries[lease_key("crm")])
+        epoch = agent.held["crm"].epoch
+        bucket._store(lease_key("crm"), Lease("crm", "n1", epoch, 0).value())
+        loop = asyncio.get_running_loop()
+        first = loop.time()
+        await agent._renew(first)
+        after_behind = (agent.held["crm"].renewed_at, agent.renewal_failures)
+        del bucket.behind[lease_key("crm")]
+        await agent._renew(loop.time())
+        return agent, bucket, first, after_behind
+
+    agent, bucket, first, after_behind = asyncio.run(scenario())
+    assert after_behind == (0.0, 1), "a read that shows nothing newer counts for nothing"
+    assert agent.held["crm"].revision == bucket.entries[lease_key("crm")][1]
+    # adopted: counted from the first write at the old revision, the first round's
+    assert agent.held["crm"].renewed_at == first
