@@ -82,6 +82,15 @@ class ConcurrentWriter(threading.Thread):
         finally:
             conn.close()
 
+    def wait_for_changes(self, count: int, timeout: float = 30.0) -> None:
+        """Return once ``count`` more changes than now are committed.  A test that holds a
+        snapshot run meanwhile (reads nothing, or freezes the dispatcher) so places them
+        inside the run, however fast the run is."""
+        target = self.done + count
+        wait_until(lambda: self.done >= target or self.error is not None, timeout,
+                   message=f"{count} more changes by the writer")
+        assert self.error is None, self.error
+
     def stop(self) -> None:
         """Halt and join; the writer's own failure, if any, fails the test."""
         self.halt.set()
