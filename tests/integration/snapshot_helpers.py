@@ -1,5 +1,6 @@
-"""What the snapshot tests of every source (PostgreSQL, MySQL, MongoDB) share: the consumer's fold, a concurrent writer,
-waiting on the real Lapidus with its log at a failure, and the snapshot's status row.
+"""What the snapshot tests of every source (PostgreSQL, MySQL, MongoDB) share: the consumer's
+fold, a concurrent writer, waiting on the real Lapidus with its log at a failure, the
+snapshot's status row, and a backfill held so that the writer's changes fall inside it.
 
 The folding guarantee (docs/snapshots.md): a consumer that applies the events in arrival
 order (read/insert/update -> the row, delete -> gone, truncate -> empty) ends with exactly
@@ -18,7 +19,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.conftest import backend_status
+from tests.integration.conftest import backend_status, ctl
 
 
 def fold(events, table="t", key: Callable[[dict], object] = lambda pk: pk["id"]):
@@ -117,6 +118,30 @@ def snapshot_state(proc, backend="pg"):
 # dispatcher and the worker, held by backpressure instead of a blocked send, goes on
 # reporting its progress.
 MID_SNAPSHOT_WINDOW = {"max_inflight_batches": 1, "batch_size": 200, "snapshot_chunk_rows": 200}
+
+
+def backfill_under_writer(proc, writer: ConcurrentWriter, backend: str, table: str,
+                          changes: int = 100):
+    """``lapidusctl backfill BACKEND TABLE --wait`` with ``changes`` of the writer's changes
+    inside the run, however fast it is: the dispatcher is frozen (SIGSTOP) before the request,
+    so the worker is held one batch into the run (MID_SNAPSHOT_WINDOW); once the run shows
+    ``running`` and the writer has made its changes, the dispatcher goes on.  Returns
+    lapidusctl's (code, out, err)."""
+    result = []
+    dispatcher = proc.dispatcher_pid()
+    os.kill(dispatcher, signal.SIGSTOP)
+    try:
+        asking = threading.Thread(target=lambda: result.append(
+            ctl(proc.config_path, "backfill", backend, table, "--wait")), daemon=True)
+        asking.start()
+        until(proc, lambda: snapshot_state(proc, backend).get("state") == "running", 30,
+              "the backfill running", backend)
+        writer.wait_for_changes(changes)
+    finally:
+        os.kill(dispatcher, signal.SIGCONT)
+    asking.join(120)
+    assert result, "lapidusctl backfill --wait did not return"
+    return result[0]
 # The same for rows of many columns (the sync tests' tables): a batch of 200 of them may not fit
 # in the socket, and a worker blocked in its send to the frozen dispatcher reports nothing.
 WIDE_ROWS_WINDOW = {**MID_SNAPSHOT_WINDOW, "batch_size": 20}

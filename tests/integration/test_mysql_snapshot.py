@@ -13,7 +13,8 @@ import json
 import pytest
 
 from tests.integration.conftest import ctl
-from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, ConcurrentWriter, fold,
+from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, ConcurrentWriter,
+                                                backfill_under_writer, fold,
                                                 kill_worker_mid_snapshot,
                                                 resumed_reads, snapshot_state, until)
 
@@ -411,7 +412,7 @@ def test_lapidusctl_backfill_of_a_streaming_backend_folds_to_the_table(sql, lapi
     make_table(sql, 20_000)
     sql.run("CREATE TABLE marks (id INT PRIMARY KEY)", "CREATE TABLE loose (x INT)")
     proc = lapidus_factory({
-        "backends": [lapidus_backend(NAME, snapshot_chunk_rows=500)],
+        "backends": [lapidus_backend(NAME, **MID_SNAPSHOT_WINDOW)],
         "plugins": {"stdout": {}}})
     proc.wait_log('"streaming"', 60)          # at the binlog's end: changes from now on stream
     sql.run("INSERT INTO marks VALUES (1)")
@@ -420,13 +421,12 @@ def test_lapidusctl_backfill_of_a_streaming_backend_folds_to_the_table(sql, lapi
     writer = Writer(20_000, seed=5)
     writer.start()
     try:
-        code, out, err = ctl(proc.config_path, "backfill", NAME, f"{DATABASE}.t", "--wait")
+        code, out, err = backfill_under_writer(proc, writer, NAME, f"{DATABASE}.t")
     finally:
         writer.stop()
     assert code == 0, err + proc.log()[-3000:]
     reads = [e for e in proc.events() if e["id"].startswith(f"{NAME}:read:1:{DATABASE}.t:")]
     assert f"backfill 1 of {NAME} {DATABASE}.t done: {len(reads)} rows" in out
-    assert writer.done > 100
     events = wait_sentinel(proc, sql)
     assert fold(events) == table_content(sql)
     code, out, err = ctl(proc.config_path, "backfill", NAME, "loose")

@@ -12,7 +12,7 @@ import signal
 
 from tests.conftest import wait_until
 from tests.integration.conftest import ctl, pg_backend
-from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, fold,
+from tests.integration.snapshot_helpers import (MID_SNAPSHOT_WINDOW, backfill_under_writer, fold,
                                                 kill_worker_mid_snapshot, snapshot_state, until)
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content, wait_sentinel
 
@@ -35,16 +35,15 @@ def reads_of(events, n):
 
 def test_a_backfill_under_a_concurrent_writer_folds_to_the_table(pg_db, lapidus_factory):
     make_table(pg_db, 20_000)
-    proc = streaming(lapidus_factory, pg_db, snapshot_chunk_rows=500)
+    proc = streaming(lapidus_factory, pg_db, **MID_SNAPSHOT_WINDOW)
     writer = Writer(pg_db, 20_000, seed=3)
     writer.start()
     try:
-        code, out, err = ctl(proc.config_path, "backfill", "pg", "t", "--wait")
+        code, out, err = backfill_under_writer(proc, writer, "pg", "t")
     finally:
         writer.stop()
     assert code == 0, err + proc.log()[-3000:]
     assert f"backfill 1 of pg t done: {len(reads_of(proc.events(), 1))} rows" in out
-    assert writer.done > 100
     events = wait_sentinel(proc, pg_db)
     assert fold(events) == table_content(pg_db)
     reads = reads_of(events, 1)
