@@ -36,7 +36,7 @@ signal.signal(signal.SIGHUP, signal.SIG_IGN)
 # handler is in place (the supervisor stops a worker it has just started: a hand-over, a
 # reload, a restart) waits as pending, where an ignored one would be dropped and the stop end
 # in a SIGKILL after stop_timeout.  The worker unblocks it once its handler is set
-# (runner.worker_main).
+# (runner.take_signals).
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 # Imported last (after the source modules): what is loaded now stays out of every garbage

@@ -119,6 +119,10 @@ def snapshot_state(proc, backend="pg"):
 # reporting its progress.
 MID_SNAPSHOT_WINDOW = {"max_inflight_batches": 1, "batch_size": 200, "snapshot_chunk_rows": 200}
 
+# The same for rows of many columns (the sync tests' tables): a batch of 200 of them may not fit
+# in the socket, and a worker blocked in its send to the frozen dispatcher reports nothing.
+WIDE_ROWS_WINDOW = {**MID_SNAPSHOT_WINDOW, "batch_size": 20}
+
 
 def backfill_under_writer(proc, writer: ConcurrentWriter, backend: str, table: str,
                           changes: int = 100):
@@ -142,9 +146,6 @@ def backfill_under_writer(proc, writer: ConcurrentWriter, backend: str, table: s
     asking.join(120)
     assert result, "lapidusctl backfill --wait did not return"
     return result[0]
-# The same for rows of many columns (the sync tests' tables): a batch of 200 of them may not fit
-# in the socket, and a worker blocked in its send to the frozen dispatcher reports nothing.
-WIDE_ROWS_WINDOW = {**MID_SNAPSHOT_WINDOW, "batch_size": 20}
 
 
 def kill_worker_mid_snapshot(proc, backend: str, table: str, at_rows: int = 60_000,

@@ -112,8 +112,7 @@ def test_snapshot_1_gives_the_client_the_current_rows_under_a_writer_and_to_no_o
         try:
             until(proc, lambda: snapshot_state(proc).get("state") == "running", 15,
                   "the run's progress in lapidusctl status")
-            written = writer.done
-            wait_until(lambda: writer.done >= written + 100, 30, message="100 more changes")
+            writer.wait_for_changes(100)
         finally:
             os.kill(dispatcher, signal.SIGCONT)
         wait_state(proc, reader, "done")
