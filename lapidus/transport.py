@@ -26,7 +26,7 @@ import select
 import socket
 import struct
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 HEADER = struct.Struct(">IB")
 HELLO, BATCH, ACK, HELD = 1, 2, 3, 4
@@ -59,17 +59,25 @@ def pack_batch(seq: int, records: list, at_boundary: bool = False,
     return buffer.getvalue()
 
 
-def unpack_from(buffer: bytearray) -> Tuple[List[Tuple[int, Any]], int]:
-    """Complete frames in ``buffer`` and the number of bytes they used."""
-    out, pos, size = [], 0, len(buffer)
+def frames_in(buffer: bytearray) -> Iterator[Tuple[int, Any, int]]:
+    """``(kind, payload, end)`` of each complete frame at the start of ``buffer``, ``end``
+    being the offset just past it."""
+    pos, size = 0, len(buffer)
     while size - pos >= HEADER.size:
         length, kind = HEADER.unpack_from(buffer, pos)
         end = pos + HEADER.size + length
         if end > size:
-            break
-        out.append((kind, pickle.loads(buffer[pos + HEADER.size:end])))
+            return
+        yield kind, pickle.loads(buffer[pos + HEADER.size:end]), end
         pos = end
-    return out, pos
+
+
+def unpack_from(buffer: bytearray) -> Tuple[List[Tuple[int, Any]], int]:
+    """Complete frames in ``buffer`` and the number of bytes they used."""
+    out, used = [], 0
+    for kind, payload, used in frames_in(buffer):
+        out.append((kind, payload))
+    return out, used
 
 
 class LinkLost(Exception):

@@ -33,6 +33,11 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("plugins", Plugins(), "This backend's plugins; when given they replace the "
             "global `plugins` for this backend.", UNSET),
     Setting("batch_size", Int(1), "Most events shipped from the worker in one batch.", 1000),
+    Setting("batch_linger", Seconds(zero=True), "After a read that found events, how long "
+            "the worker waits before it reads again, so that the transactions committed "
+            "meanwhile go out as one batch (one delivery, one acknowledgement) instead of one "
+            "each: the most latency this adds to an event, and what makes a busy stream of "
+            "small transactions cheap. `0`: every read goes out at once.", 0.003),
     Setting("max_inflight_batches", Int(1), "Batches sent but not yet confirmed by the "
             "sinks before the worker stops reading (backpressure).", 8),
     Setting("on_undeliverable", Choice("hold", "dead_letter"), "An event a sink refuses for "

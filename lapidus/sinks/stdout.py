@@ -3,7 +3,9 @@
 Runs in the dispatcher process. One instance per file descriptor serves every backend that
 writes there, and its lock keeps one batch's lines together. The write itself runs in a thread:
 a slow reader of standard output (a pipe into a slow consumer) must hold back only what goes to
-standard output, not the dispatcher's loop and with it every other sink.
+standard output, not the dispatcher's loop and with it every other sink.  A small batch that
+fits the room the descriptor has now (the usual one-transaction batch) is written in the loop
+itself: such a write cannot block, and a thread's hand-off costs more than the write.
 A closed pipe (``lapidus --stdout | head -3``) raises :class:`OutputClosed`: Lapidus stops
 cleanly, and the batch that could not be written is not confirmed, so its position is not saved.
 
@@ -42,6 +44,19 @@ def is_pipe(fd: int) -> bool:
         return False
 
 
+def polls_room_for_a_line_run(fd: int) -> bool:
+    """Whether poll's "writable" on ``fd`` guarantees that a write of at most ``PIPE_BUF``
+    bytes does not block: true of a pipe (writable means a free page buffer), a regular file
+    and /dev/null; not of a terminal or a socket, whose room can be smaller."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISREG(st.st_mode):
+        return True
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)    # /dev/null
+
+
 def line_pieces(data: bytes, limit: int) -> Iterator[Tuple[int, int]]:
     """``(start, end)`` offsets that cut ``data`` (lines, each ending with a newline) into
     runs of whole lines of at most ``limit`` bytes; a line longer than ``limit`` is a run of
@@ -71,6 +86,7 @@ class StdoutSink(Sink):
         self._lock = asyncio.Lock()
         # Checked once: what a descriptor refers to does not change under a running process.
         self.piece_limit = PIPE_BUF if is_pipe(self.fd) else 0
+        self.inline_when_room = polls_room_for_a_line_run(self.fd)
 
     @classmethod
     def share_key(cls, options):
@@ -85,7 +101,19 @@ class StdoutSink(Sink):
     async def send(self, records: Sequence[Record]) -> None:
         data = b"\n".join([r.data for r in records]) + b"\n"
         async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(None, self._write, data)
+            if len(data) <= PIPE_BUF and self.inline_when_room and self._has_room():
+                self._write(data)
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, self._write, data)
+
+    def _has_room(self) -> bool:
+        """Whether a write of at most PIPE_BUF bytes cannot block now (poll says writable;
+        see :func:`polls_room_for_a_line_run` for which descriptors that holds of)."""
+        try:
+            _, writable, _ = select.select([], [self.fd], [], 0)
+        except (OSError, ValueError):
+            return False        # the thread's write reports it
+        return bool(writable)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)

@@ -25,7 +25,7 @@ from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_
 from ..sink_runs import run_of, split
 from ..sinks import registry
 from ..sinks.base import Delivery, OutputClosed, Sink, UndeliverableError
-from ..transport import ACK, BATCH, HEADER, HELD, HELLO, pack, unpack_from
+from ..transport import ACK, BATCH, HELD, HELLO, frames_in, pack
 from ..workers.runner import next_keep_alive, quiet_report_every
 from .refusals import RefusedEvents
 from .sink_snapshots import SnapshotRequests
@@ -56,7 +56,7 @@ class Pipeline:
         self.failing: Dict[str, str] = {}    # plugin name -> its last error, while failing
         self.refusals = RefusedEvents(backend, on_undeliverable, dead_letters, log)
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.writer: Optional[asyncio.StreamWriter] = None
+        self.writer: Optional[asyncio.WriteTransport] = None   # the worker's connection
         self.generation = 0
         self.delivered = 0
         self.delivering = False               # a worker's batch taken from the queue, until
@@ -70,7 +70,7 @@ class Pipeline:
         # them all aside): what an empty batch at a boundary says the end of (_mark_boundary)
         self.last_records: List[Optional[Record]] = []
 
-    def attach(self, writer: Optional[asyncio.StreamWriter]) -> int:
+    def attach(self, writer: Optional[asyncio.WriteTransport]) -> int:
         """A (re)connected worker, or none: batches of older connections are no longer wanted."""
         self.generation += 1
         self.writer = writer
@@ -276,6 +276,7 @@ class Dispatcher:
         self.shared: Dict[str, Sink] = {}
         self.making: Dict[str, asyncio.Lock] = {}     # per backend: one pipeline made at a time
         self.tasks: List[asyncio.Task] = []
+        self.connections: set = set()           # WorkerConnection: one per worker
         self.failed: Optional[BaseException] = None
         self.stopping = asyncio.Event()
         self.tail_watch = TailWatch()
@@ -415,46 +416,8 @@ class Dispatcher:
             self.failed = exc
             self.stopping.set()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        buffer = bytearray()
-        pipeline = None
-        generation = 0
-        try:
-            while True:
-                try:
-                    data = await reader.read(1 << 20)
-                except ConnectionError:
-                    data = b""   # the worker was killed; its restart reconnects
-                if not data:
-                    return
-                buffer += data
-                if len(buffer) < HEADER.size:
-                    continue
-                frames, used = unpack_from(buffer)
-                del buffer[:used]
-                for kind, payload in frames:
-                    if kind == HELLO:
-                        pipeline = await self._pipeline_when_ready(payload, writer)
-                        generation = pipeline.attach(writer)
-                    elif kind == BATCH and pipeline is not None:
-                        seq, fields, at_boundary, routed = payload
-                        # tuple.__new__ rather than Record._make: half the cost (a classmethod
-                        # call and a length check per event, as much as unpickling the batch);
-                        # the fields come from a worker of this same build, in Record order
-                        records = Delivery([new_record(Record, f) for f in fields], at_boundary,
-                                           routed)
-                        pipeline.queue.put_nowait((generation, seq, records))
-        except asyncio.CancelledError:
-            pass  # shutting down: the worker sees the connection close and stops or retries
-        finally:
-            writer.close()
-            if pipeline is not None and pipeline.generation == generation:
-                # Its worker is gone: what it queued will come again from its restart, so
-                # delivering it now would only make duplicates.
-                pipeline.attach(None)
-
     async def _pipeline_when_ready(self, hello: dict,
-                                   writer: asyncio.StreamWriter) -> Pipeline:
+                                   writer: asyncio.WriteTransport) -> Pipeline:
         """The pipeline of a connecting worker; while its sinks cannot be made (a sink's
         start fails), try again with backoff, and tell the worker its sinks are down (HELD).
         Meanwhile nothing of the worker is read, so it stops at its in-flight limit
@@ -546,7 +509,8 @@ class Dispatcher:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        server = await asyncio.start_unix_server(self.handle, path=self.socket_path)
+        server = await loop.create_unix_server(lambda: WorkerConnection(self),
+                                               path=self.socket_path)
         os.chmod(self.socket_path, 0o600)
         await self._start_sinks()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
@@ -561,6 +525,8 @@ class Dispatcher:
         tails.cancel()
         held.cancel()
         server.close()
+        for connection in list(self.connections):
+            connection.close()
         for task in self.tasks:
             task.cancel()
         for sink in list(self.shared.values()) + [s for p in self.pipelines.values()
@@ -576,6 +542,84 @@ class Dispatcher:
             self.log.error("dispatcher failed", error=repr(self.failed))
             return exitcodes.CHILD_ERROR
         return exitcodes.CHILD_OK
+
+
+class WorkerConnection(asyncio.BufferedProtocol):
+    """One worker's connection: its frames in, parsed as the bytes arrive.
+
+    A protocol rather than a stream reader and a task: a batch is put on its pipeline's queue
+    in the loop's callback that received it, not one more turn of the loop later.  Buffered:
+    the socket is read into one buffer of this connection's instead of a new 256 KiB bytes
+    object per read (an mmap and munmap each).  Until the HELLO's pipeline exists (its sinks
+    may take retries to start) nothing more of the worker is read, so it stops at its
+    in-flight limit (backpressure).
+    """
+
+    READ_SIZE = 1 << 16
+
+    def __init__(self, dispatcher: "Dispatcher"):
+        self.dispatcher = dispatcher
+        self.transport: Optional[asyncio.Transport] = None
+        self.buffer = bytearray()                  # received, not yet a whole frame
+        self.incoming = bytearray(self.READ_SIZE)  # what the socket is read into
+        self.pipeline: Optional[Pipeline] = None
+        self.generation = 0
+        self.hello: Optional[asyncio.Task] = None    # making the pipeline of the HELLO
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.dispatcher.connections.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self.incoming)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.buffer += memoryview(self.incoming)[:nbytes]
+        if self.hello is None:
+            self._take_frames()
+
+    def eof_received(self) -> None:
+        return None         # close: the worker is gone (connection_lost follows)
+
+    def _take_frames(self) -> None:
+        used = 0
+        for kind, payload, used in frames_in(self.buffer):
+            if kind == BATCH and self.pipeline is not None:
+                seq, fields, at_boundary, routed = payload
+                # tuple.__new__ rather than Record._make: half the cost (a classmethod call
+                # and a length check per event, as much as unpickling the batch); the fields
+                # come from a worker of this same build, in Record order
+                records = Delivery([new_record(Record, f) for f in fields], at_boundary,
+                                   routed)
+                self.pipeline.queue.put_nowait((self.generation, seq, records))
+            elif kind == HELLO:
+                # what follows waits in the buffer for the pipeline
+                self.transport.pause_reading()
+                self.hello = asyncio.create_task(self._attach(payload))
+                break
+        del self.buffer[:used]
+
+    async def _attach(self, hello: dict) -> None:
+        self.pipeline = await self.dispatcher._pipeline_when_ready(hello, self.transport)
+        self.generation = self.pipeline.attach(self.transport)
+        self.hello = None
+        if not self.transport.is_closing():
+            self._take_frames()
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc) -> None:
+        self.dispatcher.connections.discard(self)
+        if self.hello is not None:
+            self.hello.cancel()
+        if self.pipeline is not None and self.pipeline.generation == self.generation:
+            # Its worker is gone: what it queued will come again from its restart, so
+            # delivering it now would only make duplicates.
+            self.pipeline.attach(None)
+
+    def close(self) -> None:
+        """Shutting down: the worker sees the connection close and stops or retries."""
+        if self.transport is not None:
+            self.transport.close()
 
 
 def dispatcher_main(config, socket_path: str, parent_pid: int, status=None) -> None:

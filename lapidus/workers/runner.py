@@ -20,6 +20,7 @@ import importlib
 import math
 import operator
 import os
+import select
 import signal
 import sys
 import time
@@ -56,6 +57,11 @@ QUIET_REPORT_EVERY = 10.0
 # cost next to no CPU.
 READ_WAIT_BUSY = 0.2
 READ_WAIT_IDLE = STATUS_EVERY
+# Default of the backend setting ``batch_linger`` (seconds): how long after a read that found
+# events the next read waits, so that the transactions committed meanwhile go out as one batch.
+# The most latency it adds to an event; docs/operations.md, docs/dev/benchmarks.md (Cost per
+# transaction).
+BATCH_LINGER = 0.003
 DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 LINK_LOST_GRACE = 1.0  # seconds a worker that lost its dispatcher waits for a stop signal
 
@@ -184,6 +190,8 @@ class WorkerLoop:
         self.drain_timeout = DRAIN_SECONDS
         options = backend.options
         self.batch_size = int(options.get("batch_size", 1000))
+        self.linger = float(options.get("batch_linger", BATCH_LINGER))
+        self.read_not_before = 0.0      # monotonic; see _linger
         self.max_inflight = int(options.get("max_inflight_batches", 8))
         self.waiter = Waiter(
             maximum=float(options.get("reconnect_max_delay") or DEFAULT_MAX_DELAY),
@@ -328,13 +336,20 @@ class WorkerLoop:
         schedule = StatusSchedule(self.quiet_report_every, time.monotonic(),
                                   every_second=source.idle_wait() <= STATUS_EVERY)
         while not self.stopping:
-            self._take_acks(link, 0.0)
+            if self.inflight:
+                self._take_acks(link, 0.0)
             if len(self.inflight) >= self.max_inflight:
                 self._take_acks(link, 0.2)     # backpressure: the sinks are behind
                 source.tick()
             else:
+                self._linger()
                 wait = self._read_wait(source, schedule)
-                self._take(source.read(self.batch_size, wait), link, source)
+                batch = source.read(self.batch_size, wait)
+                self._take(batch, link, source)
+                if batch.events and len(batch.events) < self.batch_size and self.linger:
+                    # more may follow close behind: they go out with the next read, one
+                    # batch (one frame, delivery, ack) for all that came within the linger
+                    self.read_not_before = time.monotonic() + self.linger
             self._settle_unsent()
             self._save(source=source)
             # emptied before the step: a signal arriving later ends the next read at once
@@ -343,6 +358,20 @@ class WorkerLoop:
             figures = self._figures()
             if woken or schedule.due(now, figures):
                 self._status_step(source, schedule, now, figures)
+
+    def _linger(self) -> None:
+        """Wait until ``read_not_before``: after a read that found events but did not fill a
+        batch, what arrives in the next ``batch_linger`` seconds is read as one batch
+        instead of one batch per transaction.  A signal (a stop, a backfill request) ends
+        the wait at once; an idle source is not waited for (the read after a quiet spell
+        sends its first events at once)."""
+        left = self.read_not_before - time.monotonic()
+        if left <= 0 or self.stopping:
+            return
+        if self.wake is None:
+            time.sleep(left)
+        else:
+            select.select([self.wake.fd], [], [], left)
 
     def _figures(self) -> tuple:
         """What the loop itself changes in the stats: while these move, the stats are due

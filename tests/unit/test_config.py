@@ -568,7 +568,7 @@ def test_backend_lookup_by_name():
 def test_postgresql_defaults():
     (b,) = parse(pg(name="Shop-EU")).backends
     assert b.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "enabled": True, "batch_size": 1000, "batch_linger": 0.003, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "host": "127.0.0.1", "port": 5432, "user": "postgres", "password": None,
@@ -593,7 +593,7 @@ def test_derived_slot_is_always_a_valid_slot_name():
 def test_mysql_defaults_and_derived_server_id():
     a, b = parse({"type": "mysql", "name": "crm"}, {"type": "mysql", "name": "erp"}).backends
     assert a.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "enabled": True, "batch_size": 1000, "batch_linger": 0.003, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "host": "127.0.0.1", "port": 3306, "user": "lapidus", "password": None,
@@ -619,7 +619,7 @@ def test_mongo_defaults_with_and_without_uri():
     plain, with_uri = parse({"type": "mongo", "user": "u", "password": "pw12345"},
                             {"type": "mongo", "name": "m2", "uri": "mongodb://h/"}).backends
     assert plain.options == {
-        "enabled": True, "batch_size": 1000, "max_inflight_batches": 8,
+        "enabled": True, "batch_size": 1000, "batch_linger": 0.003, "max_inflight_batches": 8,
         "on_undeliverable": "hold", "reconnect_max_delay": 30.0,
         "snapshot": "never", "snapshot_chunk_rows": 5000, "snapshot_chunk_timeout": 30.0,
         "uri": None, "host": "127.0.0.1", "port": 27017, "user": "u", "password": "pw12345",
@@ -911,7 +911,7 @@ def test_each_key_is_declared_once_per_backend_type(backend_type):
 def test_spec_settings_are_declared():
     names = {t: {s.name for s in S.backend_settings(t)} for t in S.BACKEND_TYPES}
     common = {"name", "type", "include_tables", "exclude_tables", "plugins", "enabled",
-              "batch_size", "max_inflight_batches", "on_undeliverable",
+              "batch_size", "batch_linger", "max_inflight_batches", "on_undeliverable",
               "reconnect_max_delay", "snapshot", "snapshot_chunk_rows",
               "snapshot_chunk_timeout"}
     assert common <= names["postgresql"] and common <= names["mysql"] and common <= names["mongo"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from types import SimpleNamespace
 
+import pymysql
 import pytest
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent
@@ -268,12 +270,12 @@ def test_idle_at_the_deadline_without_consuming_anything():
     conn.deadline = time.monotonic() + 0.05
     started = time.monotonic()
     with pytest.raises(Idle):
-        conn._read_packet()
+        conn.read_payload()
     assert 0.04 <= time.monotonic() - started < 0.5
     server.sendall(b"\x01\x00\x00\x01\x00")      # one packet: length 1, seq 1, payload 0x00
     conn.deadline = time.monotonic() + 1
     conn._next_seq_id = 1
-    assert conn._read_packet().get_all_data() == b"\x00"
+    assert conn.read_payload() == b"\x00"
     server.close()
 
 
@@ -282,7 +284,7 @@ def test_silence_longer_than_dead_after_is_a_dead_link():
     conn._stream.last_received = time.monotonic() - 1
     conn.deadline = time.monotonic()
     with pytest.raises(LinkDead):
-        conn._read_packet()
+        conn.read_payload()
     server.close()
 
 
@@ -296,14 +298,50 @@ def test_the_worker_s_wake_up_pipe_ends_a_wait_without_consuming_anything():
     os.write(wake_write, b"\x0a")
     started = time.monotonic()
     with pytest.raises(Idle):
-        conn._read_packet()
+        conn.read_payload()
     assert time.monotonic() - started < 1.0
     server.sendall(b"\x01\x00\x00\x01\x00")      # the pipe is still readable: the packet wins
     conn._next_seq_id = 1
-    assert conn._read_packet().get_all_data() == b"\x00"
+    assert conn.read_payload() == b"\x00"
     conn.wake_fd = None
     os.read(wake_read, 10)
     os.close(wake_read), os.close(wake_write)
+    server.close()
+
+
+def test_payloads_of_16_mib_and_more_come_whole():
+    conn, server = watched_stream(dead_after=30)
+    conn.deadline = time.monotonic() + 5
+    big = bytes(range(256)) * (2**24 // 256)          # 16 MiB: split at 2**24 - 1
+    first, rest = big[:2**24 - 1], big[2**24 - 1:]
+
+    def send():
+        server.sendall(b"\xff\xff\xff\x01" + first + len(rest).to_bytes(3, "little") + b"\x02"
+                       + rest + b"\x03\x00\x00\x03abc")
+    sender = threading.Thread(target=send)
+    sender.start()
+    conn._next_seq_id = 1
+    assert conn.read_payload() == big
+    assert conn.read_payload() == b"abc"
+    sender.join()
+    server.close()
+
+
+def test_a_packet_out_of_sequence_or_an_error_packet_raises_pymysql_s_error():
+    conn, server = watched_stream(dead_after=30)
+    conn.deadline = time.monotonic() + 5
+    server.sendall(b"\x01\x00\x00\x05\x00")        # seq 5 where 1 is due
+    conn._next_seq_id = 1
+    with pytest.raises(pymysql.err.InternalError, match="sequence number wrong"):
+        conn.read_payload()
+    server.close()
+    conn, server = watched_stream(dead_after=30)
+    conn.deadline = time.monotonic() + 5
+    error = b"\xff" + (1236).to_bytes(2, "little") + b"#HY000" + b"binlog purged"
+    server.sendall(len(error).to_bytes(3, "little") + b"\x01" + error)
+    conn._next_seq_id = 1
+    with pytest.raises(pymysql.err.OperationalError, match="binlog purged"):
+        conn.read_payload()
     server.close()
 
 

@@ -30,7 +30,7 @@ import time
 from typing import Any, Optional
 
 import pymysql
-from pymysql.connections import MysqlPacket
+from pymysql.connections import MAX_PACKET_LEN, MysqlPacket
 
 from ..base import BackendError
 from .settings import MysqlSettings
@@ -38,7 +38,9 @@ from .tls import describe_tls_failure, preferred_context
 
 COM_BINLOG_DUMP = 0x12
 COM_BINLOG_DUMP_GTID = 0x1E
-_CHUNK = 256 * 1024
+# Below glibc's mmap threshold (128 KiB): a larger read buffer is mapped, shrunk and unmapped
+# for every read (three system calls; over TLS each read is one record of at most 16 KiB).
+_CHUNK = 64 * 1024
 
 # pymysql / server error numbers this module tells apart.
 CR_CONN_HOST_ERROR = 2003
@@ -106,6 +108,11 @@ class _StreamBuffer:
         self._pos = min(n, len(data))
         return data[:n]
 
+    def push_back(self, data: bytes) -> None:
+        """Make ``data`` (just read) the next bytes read again."""
+        self._buf = data + self._buf[self._pos:]
+        self._pos = 0
+
     def close(self) -> None:
         self._buf = b""
         self._pos = 0
@@ -164,11 +171,32 @@ class WatchedConnection(pymysql.connections.Connection):
             if self._wake_fd is not None:
                 self._poller.register(self._wake_fd, select.POLLIN)
 
-    def _read_packet(self, packet_type=MysqlPacket):
+    def read_payload(self) -> bytes:
+        """The next packet's payload on the binlog stream: pymysql's ``_read_packet``
+        (waiting as above, sequence numbers, packets of 16 MiB and more, error packets
+        raised as pymysql errors) without building a ``MysqlPacket`` for every event."""
         stream = self._stream
-        if stream is not None and not stream.pending():
+        if not stream.pending():
             self._await_bytes(stream)
-        return super()._read_packet(packet_type)
+        if self._current_timeout != self._read_timeout:
+            self._sock.settimeout(self._read_timeout)
+            self._current_timeout = self._read_timeout
+        parts = []
+        while True:
+            header = self._read_bytes(4)
+            length = header[0] | header[1] << 8 | header[2] << 16
+            if header[3] != self._next_seq_id:
+                # pymysql's own errors for it (a server that shut down sends seq 0)
+                stream.push_back(header)
+                return super()._read_packet()._data
+            self._next_seq_id = (self._next_seq_id + 1) % 256
+            parts.append(self._read_bytes(length))
+            if length < MAX_PACKET_LEN:
+                break
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if data[:1] == b"\xff":
+            MysqlPacket(data, self.encoding).raise_for_error()
+        return data
 
     def _await_bytes(self, stream: _StreamBuffer) -> None:
         # Over TLS, decrypted bytes can wait inside the SSL object where poll() cannot see

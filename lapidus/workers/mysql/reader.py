@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import (
@@ -57,6 +58,35 @@ _BODY_OFFSET = 20
 _CHECKSUM_BYTES = 4
 
 
+def _timestamp(data: bytes) -> int:
+    return int.from_bytes(data[1:5], "little")
+
+
+def _mariadb_gtid(data: bytes) -> MariadbGtidEvent:
+    """A MariaDB GTID event (its body: sequence number (8), domain id (4), flags (1)) with
+    the attributes the library's parser gives it."""
+    event = MariadbGtidEvent.__new__(MariadbGtidEvent)
+    event.timestamp = _timestamp(data)
+    event.server_id = int.from_bytes(data[6:10], "little")
+    event.gtid_seq_no = int.from_bytes(data[_BODY_OFFSET:_BODY_OFFSET + 8], "little")
+    event.domain_id = int.from_bytes(data[_BODY_OFFSET + 8:_BODY_OFFSET + 12], "little")
+    event.flags = data[_BODY_OFFSET + 12]
+    event.gtid = f"{event.domain_id}-{event.server_id}-{event.gtid_seq_no}"
+    return event
+
+
+def _xid(data: bytes) -> XidEvent:
+    """A transaction's COMMIT (its body: the XA transaction id (8))."""
+    event = XidEvent.__new__(XidEvent)
+    event.timestamp = _timestamp(data)
+    event.xid = int.from_bytes(data[_BODY_OFFSET:_BODY_OFFSET + 8], "little")
+    return event
+
+
+#: event type -> parser of events whose fields are read straight from the packet's bytes
+_HEADER_ONLY_EVENTS = {BINLOG.MARIADB_GTID_EVENT: _mariadb_gtid, BINLOG.XID_EVENT: _xid}
+
+
 class TableMapCache:
     """Parsed table map events by their body bytes (table id, names, column types and
     metadata): the same bytes always parse to the same map.  Bounded; cleared when full."""
@@ -79,6 +109,9 @@ class TableMapCache:
 def row_data(event: RowsEvent) -> Optional[bytes]:
     """The undecoded row images of a rows event whose header the library has read, or None
     when they cannot be taken whole (the library's decoding is then the way)."""
+    raw = getattr(event, "raw_rows", None)
+    if raw is not None:
+        return raw
     wrapper = getattr(event, "packet", None)
     if wrapper is None:
         return None
@@ -134,6 +167,83 @@ class ExactDeleteRows(_ExactRows, DeleteRowsEvent):
 
 class ExactPartialUpdateRows(_ExactRows, PartialUpdateRowsEvent):
     pass
+
+
+class _LeanRows:
+    """A rows event whose header Lapidus read from the packet's bytes (:func:`lean_rows`),
+    its row images left undecoded for Lapidus's own decoder (``raw_rows``).  Where that
+    decoder does not serve the table, :attr:`rows` parses the packet with the library, as
+    every rows event was before."""
+
+    raw_rows: bytes
+
+    @property
+    def rows(self):
+        return self._parse_with_library().rows
+
+
+class LeanWriteRows(_LeanRows, ExactWriteRows):
+    pass
+
+
+class LeanUpdateRows(_LeanRows, ExactUpdateRows):
+    pass
+
+
+class LeanDeleteRows(_LeanRows, ExactDeleteRows):
+    pass
+
+
+#: rows event type -> (lean class, its post-header length, whether an extra-data block follows)
+_LEAN_ROWS = {
+    BINLOG.WRITE_ROWS_EVENT_V1: (LeanWriteRows, 8, False),
+    BINLOG.UPDATE_ROWS_EVENT_V1: (LeanUpdateRows, 8, False),
+    BINLOG.DELETE_ROWS_EVENT_V1: (LeanDeleteRows, 8, False),
+    BINLOG.WRITE_ROWS_EVENT_V2: (LeanWriteRows, 10, True),
+    BINLOG.UPDATE_ROWS_EVENT_V2: (LeanUpdateRows, 10, True),
+    BINLOG.DELETE_ROWS_EVENT_V2: (LeanDeleteRows, 10, True),
+}
+
+
+def lean_rows(data: bytes, table, checksum: bool, post_header_lengths) -> Optional[RowsEvent]:
+    """The rows event in ``data`` (a replication packet) of ``table`` (the library's Table
+    of its table map), read as the library reads its header: table id, flags, the extra data
+    of a version 2 event, the column count and the present-columns bitmap(s).  None when its
+    post-header is not the one known here (the library then reads it)."""
+    kind = data[_TYPE_OFFSET]
+    cls, known, extra = _LEAN_ROWS[kind]
+    if post_header_lengths and len(post_header_lengths) >= kind \
+            and post_header_lengths[kind - 1] != known:
+        return None
+    event = cls.__new__(cls)
+    event.event_type = kind
+    event.timestamp = _timestamp(data)
+    event.table_id = int.from_bytes(data[_BODY_OFFSET:_BODY_OFFSET + 6], "little")
+    pos = _BODY_OFFSET + 6
+    event.flags = int.from_bytes(data[pos:pos + 2], "little")
+    pos += 2
+    if extra:
+        pos += int.from_bytes(data[pos:pos + 2], "little")    # the length counts itself
+    count = data[pos]
+    if count < 251:
+        pos += 1
+    elif count == 252:
+        count, pos = int.from_bytes(data[pos + 1:pos + 3], "little"), pos + 3
+    elif count == 253:
+        count, pos = int.from_bytes(data[pos + 1:pos + 4], "little"), pos + 4
+    else:
+        return None
+    event.number_of_columns = count
+    width = (count + 7) // 8
+    event.columns_present_bitmap = data[pos:pos + width]
+    pos += width
+    if cls is LeanUpdateRows:
+        event.columns_present_bitmap2 = data[pos:pos + width]
+        pos += width
+    event.raw_rows = data[pos:len(data) - _CHECKSUM_BYTES if checksum else len(data)]
+    event.schema, event.table, event.columns = table.schema, table.table, table.columns
+    event.complete = True
+    return event
 
 
 _ROW_CLASSES = {
@@ -239,6 +349,40 @@ class BinlogReader(BinLogStreamReader):
             self._stream_connection.deadline = getattr(self, "_deadline", 0.0)
             self._stream_connection.wake_fd = getattr(self, "_wake_fd", None)
 
+    def _wrap(self, data: bytes) -> "_PacketWrapper":
+        """The library's parse of one replication packet."""
+        return _PacketWrapper(
+            MysqlPacket(data, self._stream_connection.encoding), self.table_map,
+            self._ctl_connection, self.mysql_version,
+            self._BinLogStreamReader__use_checksum, self._allowed,
+            None, None, self._BinLogStreamReader__only_schemas, None,
+            False,                                        # freeze_schema: ALTER must work
+            False,                                        # ignore_decode_errors
+            False,                                        # verify_checksum
+            self._BinLogStreamReader__optional_meta_data,
+            False,                                        # enable_logging
+            False,                                        # use_column_name_cache
+            self._BinLogStreamReader__post_header_lengths,
+        )
+
+    def _lean_rows(self, data: bytes):
+        """A rows event read without the library (:func:`lean_rows`); None for a table out
+        of scope (no map kept: the library skips those too); False where the library must
+        read it."""
+        table = self.table_map.get(int.from_bytes(data[_BODY_OFFSET:_BODY_OFFSET + 6],
+                                                  "little"))
+        if table is None:
+            return None
+        only = self._BinLogStreamReader__only_schemas
+        if only is not None and table.schema not in only:
+            return None
+        event = lean_rows(data, table, self._BinLogStreamReader__use_checksum,
+                          self._BinLogStreamReader__post_header_lengths)
+        if event is None:
+            return False
+        event._parse_with_library = lambda: self._wrap(data).event
+        return event
+
     def fetchone(self) -> Any:
         """The next event of interest.  Raises ``Idle`` at the deadline, ``LinkDead``,
         ``StreamEnded`` or pymysql errors; never reconnects."""
@@ -247,14 +391,19 @@ class BinlogReader(BinLogStreamReader):
             self.connect()
         stream = self._stream_connection
         while True:
-            packet = stream._read_packet()
-            if packet.is_eof_packet():
-                self.close()
-                raise StreamEnded("the server ended the binlog stream")
-            if not packet.is_ok_packet():
-                continue
-            data = packet._data
-            if data[_TYPE_OFFSET] == BINLOG.TABLE_MAP_EVENT:
+            data = stream.read_payload()
+            if data[0] != 0 or len(data) < 7:           # pymysql's is_ok_packet()
+                if data[0] == 0xFE and len(data) < 9:      # ... is_eof_packet()
+                    self.close()
+                    raise StreamEnded("the server ended the binlog stream")
+                continue                                    # not an event
+            kind = data[_TYPE_OFFSET]
+            if kind in _HEADER_ONLY_EVENTS:
+                # every transaction has one of each: read from the bytes, not through the
+                # library's packet wrapper, which costs as much as the transaction's row event
+                self.log_pos = int.from_bytes(data[_NEXT_POSITION], "little") or self.log_pos
+                return _HEADER_ONLY_EVENTS[kind](data)
+            if kind == BINLOG.TABLE_MAP_EVENT:
                 end = len(data) - _CHECKSUM_BYTES if self._BinLogStreamReader__use_checksum \
                     else len(data)
                 body = data[_BODY_OFFSET:end]
@@ -267,20 +416,17 @@ class BinlogReader(BinLogStreamReader):
                         continue
                     self.table_map[event.table_id] = event.get_table()
                     return event
+            elif kind in _LEAN_ROWS:
+                event = self._lean_rows(data)
+                if event is not False:
+                    self.log_pos = int.from_bytes(data[_NEXT_POSITION], "little") or self.log_pos
+                    if event is None:
+                        continue            # not in scope: its rows are never decoded
+                    return event
+                body = None
             else:
                 body = None
-            wrapped = _PacketWrapper(
-                packet, self.table_map, self._ctl_connection, self.mysql_version,
-                self._BinLogStreamReader__use_checksum, self._allowed,
-                None, None, self._BinLogStreamReader__only_schemas, None,
-                False,                                        # freeze_schema: ALTER must work
-                False,                                        # ignore_decode_errors
-                False,                                        # verify_checksum
-                self._BinLogStreamReader__optional_meta_data,
-                False,                                        # enable_logging
-                False,                                        # use_column_name_cache
-                self._BinLogStreamReader__post_header_lengths,
-            )
+            wrapped = self._wrap(data)
             kind = wrapped.event_type
             event = wrapped.event
             if kind == BINLOG.ROTATE_EVENT:

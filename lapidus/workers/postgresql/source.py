@@ -88,6 +88,7 @@ class PostgresSource(Source):
         self._scope_checked = False
         self.scope_watch = ScopeWatch(log)
         self._last_cap_check = 0.0
+        self._child_may_have_exited = True     # look at pg_recvlogical (its pidfd woke us)
         self._slot_checked = 0.0
         self.publication: Optional[str] = None
         self._slot_cache: dict = {}
@@ -426,6 +427,10 @@ class PostgresSource(Source):
             # hold the next chunk back, and a held chunk is never joined by another.
             snapshot.start_chunk()
             snapshot.take_ended(events)
+        if self.watch is not None:
+            # what was written up to now is read below; notifications of it would only end
+            # the next wait for nothing (the worker loop's linger lets them pile up)
+            self.watch.drain()
         while True:
             self._supervise_child()
             consumed = self._consume(events, max_events)
@@ -440,8 +445,12 @@ class PostgresSource(Source):
     def _sleep(self, timeout: float) -> bool:
         """Until the spool changes, pg_recvlogical exits (its pidfd; the next look at it
         says why) or ``timeout`` passes; True when the worker's wake-up pipe ended it."""
-        others = [fd for fd in (self.wake_fd, self.child.pidfd) if fd is not None]
-        return self.wake_fd is not None and self.wake_fd in self.watch.wait(timeout, others)
+        pidfd = self.child.pidfd
+        others = [fd for fd in (self.wake_fd, pidfd) if fd is not None]
+        ready = self.watch.wait(timeout, others)
+        if pidfd is not None and pidfd in ready:
+            self._child_may_have_exited = True
+        return self.wake_fd is not None and self.wake_fd in ready
 
     def idle_wait(self) -> float:
         """No limit once every wake-up has a file descriptor: the spool (inotify), the
@@ -567,9 +576,17 @@ class PostgresSource(Source):
         now = time.monotonic()
         if now - self._last_cap_check >= 1.0:
             self._last_cap_check = now
+            self._child_may_have_exited = True
             self._rotate_and_cap()
-        code = self.child.exit_code()
-        if code is None and self.child.proc is not None:
+        child = self.child
+        if child.proc is not None and child.pidfd is not None \
+                and not self._child_may_have_exited:
+            # its pidfd says when it exits (in _sleep); a busy reader that does not sleep
+            # looks once a second: a waitpid per read costs as much as the read
+            return
+        code = child.exit_code()
+        if code is None and child.proc is not None:
+            self._child_may_have_exited = False
             return
         if self.paused_for_cap:
             return
