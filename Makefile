@@ -3,6 +3,7 @@
 # Variables:
 #   PYTHON       interpreter that creates the virtualenv (default: python3)
 #   PYTEST_ARGS  extra pytest arguments, e.g. make test PYTEST_ARGS='-k checkpoint -x'
+#   TEST_JOBS    (environment) pytest-xdist workers for the tests that run side by side (4)
 
 PYTHON      ?= python3
 PYTEST_ARGS ?=
@@ -48,9 +49,10 @@ $(VENV_STAMP): pyproject.toml setup.py lapidus/buildinfo.py $(COMPILED) | $(VENV
 
 # setup before venv: with `make -j` the two could run side by side, but pip does not need
 # the servers and setup-local does not need the venv, so either order is correct.
-# --durations: the slowest tests end every run's output, so a suite that grows slow says where.
+# scripts/run-tests: the tests side by side (pytest-xdist, TEST_JOBS workers), then the `serial`
+# ones alone; --durations in both, so a suite that grows slow says where.
 test: setup venv
-	$(VENV)/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	PYTHON=$(VENV)/bin/python bash scripts/run-tests $(PYTEST_ARGS)
 
 demo: setup venv
 	$(VENV)/bin/lapidus demo

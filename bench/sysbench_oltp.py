@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/sysbench_oltp.py [--dbs mariadb,pg] [--sinks stdout,jetstream]
                                             [--tables 4] [--table-size 20000] [--threads 4]
-                                            [--time 40] [--out /tmp/lapidus-sysbench.json]
+                                            [--time 40] [--baseline DIR]
+                                            [--out /tmp/lapidus-sysbench.json]
 
 For every database and sink: sysbench's ``oltp_read_write`` (Debian's sysbench, installed with
 apt-get where missing) prepares ``--tables`` tables of ``--table-size`` rows in the database
@@ -241,7 +242,8 @@ def sentinel_seen(db: str, sink: str, fold: Fold, stream: Optional[str],
     return False
 
 
-def run_one(sysbench: str, db: str, sink: str, args, tmp: Path) -> dict:
+def run_one(sysbench: str, db: str, sink: str, args, tmp: Path,
+            code: Optional[str] = None) -> dict:
     reset(db)
     base = [sysbench, "oltp_read_write"] + sysbench_args(db, args)
     subprocess.run(base + ["prepare"], check=True, stdout=subprocess.DEVNULL)
@@ -251,8 +253,10 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path) -> dict:
     argv = [sys.executable, "-m", "lapidus", "-c", str(config(tmp, db, sink, stream))]
     if sink == "stdout":
         argv.append("--stdout")
+    # another checkout's code: from its directory (``-m`` puts that first on the path)
+    env = dict(os.environ, PYTHONPATH=code) if code else None
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE if sink == "stdout" else
-                            subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env, cwd=code,
                             stderr=open(tmp / "lapidus.log", "ab"), start_new_session=True)
     fold = Fold()
     try:
@@ -278,7 +282,7 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path) -> dict:
     transactions = int(TRANSACTIONS.search(run.stdout).group(1))
     lapidus = sum(cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1)
     server = server1 - server0
-    return {"db": db, "sink": sink, "window_s": t1 - t0, "transactions": transactions,
+    return {"db": db, "sink": sink, "code": code or "this checkout", "window_s": t1 - t0, "transactions": transactions,
             "tps": transactions / (t1 - t0),
             "lapidus_cpu_s": {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1},
             "lapidus_cpu_total_s": lapidus, "server_cpu_s": server,
@@ -288,7 +292,7 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path) -> dict:
 
 def report(r: dict) -> None:
     fold = r["fold"]
-    print(f"{r['db']:7} {r['sink']:9} {r['tps']:.0f} tps: Lapidus {r['lapidus_cpu_total_s']:.2f} "
+    print(f"[{r['code']}] {r['db']:7} {r['sink']:9} {r['tps']:.0f} tps: Lapidus {r['lapidus_cpu_total_s']:.2f} "
           f"CPU-s, server {r['server_cpu_s']:.2f} CPU-s, ratio {r['ratio']:.3f}; "
           f"{r['lapidus_us_per_tx']:.0f} µs/tx; fold {fold}", flush=True)
 
@@ -302,6 +306,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--time", type=int, default=40)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--baseline", default="",
+                        help="another checkout (see bench/txcost.py) run before each run of "
+                             "this one under the same load")
     parser.add_argument("--out", default="/tmp/lapidus-sysbench.json")
     args = parser.parse_args()
     sysbench = ensure_sysbench()
@@ -309,10 +316,11 @@ def main() -> None:
     for _ in range(args.runs):
         for db in args.dbs.split(","):
             for sink in args.sinks.split(","):
-                with tempfile.TemporaryDirectory(prefix="lapidus-sysbench-") as tmp:
-                    r = run_one(sysbench, db, sink, args, Path(tmp))
-                report(r)
-                results.append(r)
+                for code in ([args.baseline] if args.baseline else []) + [None]:
+                    with tempfile.TemporaryDirectory(prefix="lapidus-sysbench-") as tmp:
+                        r = run_one(sysbench, db, sink, args, Path(tmp), code)
+                    report(r)
+                    results.append(r)
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -36,8 +36,17 @@ ROOT = os.environ.get("LAPIDUS_TEST_MYSQL_USER", "root")
 ROOT_PASSWORD = os.environ.get("LAPIDUS_TEST_MYSQL_PASSWORD", "")
 DATABASE = f"lapidus_test_mysql_{os.getpid()}"
 
-# 900 slots of 1000 ids below 5,000,000: every pid gets a non-empty range
-_server_ids = iter(range(4_100_000 + (os.getpid() % 900) * 1000, 5_000_000))
+# 900 blocks of 1,000 ids below 5,000,000, one per test process: pytest-xdist's workers (gw0,
+# gw1, ... up to gw5) get blocks of their own, so two side by side never collide whatever
+# their pids.
+_worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_server_ids = iter(range(4_100_000 + (_worker * 150 + os.getpid() % 150) * 1000, 5_000_000))
+
+
+def gtid_sequence(gtid: str) -> int:
+    """The sequence number of a one-domain MariaDB GTID position ("0-1-42" -> 42): other
+    tests commit on the shared server too, so a test compares positions, not expects one."""
+    return int(gtid.rsplit("-", 1)[1])
 
 
 def next_server_id() -> int:

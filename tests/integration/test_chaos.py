@@ -39,7 +39,8 @@ from bench.chaos.servers import (NATS_SERVER, ensure_mariadb, mariadb_answers, p
 pytest_plugins = ["tests.integration.mysql_fixtures"]
 from tests.integration.mysql_fixtures import DATABASE, Sql, read_until  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# serial: chaos runs restart the shared servers and load both cores
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 # -- the checker, on made-up streams --------------------------------------------------------------

@@ -47,7 +47,9 @@ from tests.integration.test_cluster import (LEASE_TTL, ROWS, _js,  # noqa: F401
                                             nodes, owner_of, stream_events, wait_stream)
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 
-pytestmark = pytest.mark.integration
+# One cluster test at a time (each runs three nats-servers and several nodes), beside
+# the other tests: pytest-xdist's loadgroup gives the group one worker (scripts/run-tests)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -16,6 +16,9 @@ from tests.conftest import wait_until
 from tests.integration.conftest import ctl, drop_slots_of, pg_connect
 from tests.integration.mysql_fixtures import HOST, PORT, ROOT, ROOT_PASSWORD, root_connection
 
+# serial: a hundred backends hold half the shared servers' slots and connections
+pytestmark = pytest.mark.serial
+
 PER_SERVER = 50
 SERVER_ID_BASE = 4_500_000
 

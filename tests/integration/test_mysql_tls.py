@@ -31,7 +31,8 @@ from tests.integration.mysql_fixtures import (  # noqa: E402
     HOST, PORT, lapidus_backend, read_count, root_connection,
 )
 
-pytestmark = pytest.mark.integration
+# serial: swaps the shared MariaDB server's certificate (FLUSH SSL)
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 TLS_DIR = Path("/etc/mysql/lapidus-tls")
 FILES = ("ca.pem", "server-cert.pem", "server-key.pem")

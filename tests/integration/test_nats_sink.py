@@ -191,6 +191,7 @@ def test_jetstream_stores_each_event_once_across_a_worker_kill_9(lapidus_factory
                                        "exercise JetStream's deduplication")
 
 
+@pytest.mark.serial      # stops the shared nats-server
 def test_nats_outage_mid_load_loses_nothing_and_keeps_order_per_subject(lapidus_factory,
                                                                         pg_db):
     keys = 10
@@ -245,6 +246,7 @@ def test_nats_outage_mid_load_loses_nothing_and_keeps_order_per_subject(lapidus_
         delete_stream(name)
 
 
+@pytest.mark.serial      # stops the shared nats-server
 def test_nats_down_at_start_up_holds_events_until_it_comes(lapidus_factory, pg_db,
                                                            private_nats):
     pg_db.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")

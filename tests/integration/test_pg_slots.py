@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import psutil
+import pytest
 
 from tests.conftest import wait_until
 from tests.integration.conftest import pg_backend, pg_connect
@@ -16,6 +17,9 @@ def retained(db, slot):
     return rows[0][0]
 
 
+# serial: an idle slot moves only past the server's oldest running transaction, and other
+# tests' snapshots hold theirs open for seconds
+@pytest.mark.serial
 def test_idle_slot_advances_while_other_databases_write(lapidus_factory, pg_db):
     """No change in the captured database, lots of WAL elsewhere: the slot must not pin it.
 

@@ -24,7 +24,8 @@ from tests.conftest import wait_until
 from tests.integration.conftest import PG, ctl, pg_backend, pg_connect
 from tests.integration.tls_fixtures import make_pki
 
-pytestmark = pytest.mark.integration
+# serial: switches the shared PostgreSQL server's TLS on and off
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SERVER_TLS_DIR = Path("/var/lib/postgresql/lapidus-tls-test")
 SETTINGS = ("ssl", "ssl_cert_file", "ssl_key_file")

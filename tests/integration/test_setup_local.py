@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
+# serial: runs scripts/setup-local, which may restart the shared servers
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 LOCK = Path("/run/lock/lapidus-setup-local.lock")
 

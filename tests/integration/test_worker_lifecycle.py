@@ -143,6 +143,7 @@ def test_the_workers_own_queries_have_timeouts(pg_db, sql):
         my.close()
 
 
+@pytest.mark.serial      # counts wake-ups: other tests' commits wake its pg_recvlogical
 def test_an_idle_postgresql_worker_sleeps_until_its_next_keep_alive(lapidus_factory, pg_db):
     """Nothing is written: the worker sleeps in its spool wait until its next keep-alive report
     (every 10 s with the default heartbeat_timeout), not once a second.  Counted as the
