@@ -38,7 +38,7 @@ def check_preflight(config: Config, *, try_bind: bool = True, files: bool = Fals
     the listen address (its syntax was checked on load)."""
     problems = state_dir_problems(config) + listen_problems(config, try_bind=try_bind)
     if files:
-        problems += file_problems(config)
+        problems += file_problems(config) + program_problems(config)
     if problems:
         raise ConfigError(problems, config.source)
 
@@ -75,6 +75,37 @@ def file_problems(config: Config) -> List[str]:
             problems.append(f"backends[{index}].{key}: {path} {what}; give the path of an "
                             f'existing file (backend "{backend.name}" cannot connect as '
                             f"configured without it)")
+    return problems
+
+
+def program_problems(config: Config) -> List[str]:
+    """The programs a backend runs that cannot be found: ``pg_recvlogical`` for a PostgreSQL
+    backend outside cluster mode (where Lapidus streams the slot itself), named with the
+    package that provides it.  For ``lapidus -t``; at start such a backend goes FATAL with
+    the same reason."""
+    if config.cluster is not None:
+        return []
+    from ..workers.postgresql.recvlogical import find_pg_recvlogical
+    problems: List[str] = []
+    for index, backend in enumerate(config.backends):
+        if backend.type != "postgresql" or not backend.options.get("enabled", True):
+            continue
+        configured = backend.options.get("pg_recvlogical")
+        if configured:
+            if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
+                problems.append(
+                    f"backends[{index}].pg_recvlogical: {configured} is not an executable "
+                    f"file; give the path of pg_recvlogical (Debian/Ubuntu: apt-get install "
+                    f"postgresql-client) or leave the setting out to find it on PATH")
+            continue
+        try:
+            find_pg_recvlogical(None)
+        except FileNotFoundError:
+            problems.append(
+                f'backends[{index}]: backend "{backend.name}" runs pg_recvlogical, which is '
+                f"not on PATH nor in /usr/lib/postgresql/*/bin; install the PostgreSQL client "
+                f"programs (Debian/Ubuntu: apt-get install postgresql-client; RHEL: dnf "
+                f"install postgresql) or set pg_recvlogical to its path")
     return problems
 
 

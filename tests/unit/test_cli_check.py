@@ -136,3 +136,24 @@ def test_check_names_a_backends_missing_certificate_file_and_start_leaves_it_to_
     # the supervisor (refused by the fixture here) is reached
     with pytest.raises(AssertionError, match="the supervisor must not start"):
         cli.main(["-c", str(path)])
+
+
+def test_check_names_a_missing_pg_recvlogical_and_the_package_that_has_it(tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.setattr("lapidus.workers.postgresql.recvlogical.Path.glob",
+                        lambda self, pattern: iter(()))     # no /usr/lib/postgresql/*/bin
+    path = write(tmp_path, tmp_path / "state")
+    assert cli.main(["-t", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert 'backend "shop" runs pg_recvlogical, which is not on PATH' in err
+    assert "apt-get install postgresql-client" in err
+
+
+def test_check_names_a_configured_pg_recvlogical_that_is_not_a_program(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a program")
+    path = write(tmp_path, tmp_path / "state", pg={"pg_recvlogical": str(tmp_path / "notes.txt")})
+    assert cli.main(["-t", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"backends[0].pg_recvlogical: {tmp_path / 'notes.txt'} is not an executable file" \
+        in err
