@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import psycopg2
+from psycopg2.extensions import parse_dsn
 
 from . import exitcodes
 
@@ -67,6 +68,14 @@ def run_demo(dsn: str) -> int:
     from .config import parse_config
     from .supervisor.arbiter import Arbiter
 
+    try:
+        parse_dsn(dsn)
+    except psycopg2.ProgrammingError as exc:
+        # not echoed: a connection string may hold a password
+        print(f"lapidus demo: --dsn is not a PostgreSQL connection string "
+              f"({str(exc).strip()}); give one like 'host=127.0.0.1 user=postgres' or "
+              f"'postgresql://postgres@127.0.0.1/postgres'", file=sys.stderr)
+        return exitcodes.USAGE
     try:
         params = _prepare(dsn)
     except psycopg2.OperationalError as exc:

@@ -159,6 +159,10 @@ def _directory_problem(path: Path, move: str) -> Optional[str]:
     if found == "exists":
         if not os.path.isdir(path):
             return f"{path} is {_what(path)}, not a directory; remove it or {move} a directory"
+        pseudo = _pseudo_filesystem(path)
+        if pseudo:
+            return (f"{path} is on the kernel's {pseudo} pseudo-filesystem, where no file can "
+                    f"be created; {move} a directory on a disk")
         if not _may_write(path):
             return (f"{path} is not writable by user {_user()}; {_chown_fix(path)}, or {move} "
                     f"a directory this user may write")
@@ -174,11 +178,41 @@ def _directory_problem(path: Path, move: str) -> Optional[str]:
     if not os.path.isdir(parent):
         return (f"{path} cannot be created: {parent} is {_what(parent)}, not a directory; "
                 f"{move} a directory that does not lie under a file")
+    pseudo = _pseudo_filesystem(parent)
+    if pseudo:
+        return (f"{path} cannot be created: {parent} is on the kernel's {pseudo} "
+                f"pseudo-filesystem, where no directory can be made; {move} a directory on a "
+                f"disk")
     if not _may_write(parent):
         return (f"{path} does not exist and user {_user()} cannot create it ({parent} is not "
                 f"writable); create it as root (install -d -o {_user()} -m 0700 {path}) or "
                 f"{move} a directory this user may write")
     return None
+
+
+#: file systems of the kernel's own objects (/proc, /sys, ...): root "may write" there by
+#: access(2), yet mkdir and open(O_CREAT) fail
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
+    "pstore", "bpf", "configfs", "fusectl", "efivarfs", "binfmt_misc", "autofs"})
+
+
+def _pseudo_filesystem(path: Path) -> Optional[str]:
+    """The type of the pseudo-filesystem ``path`` (an existing directory) lies on, or None
+    (from /proc/self/mounts: the mount point that is its longest prefix)."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            entries = [line.split()[1:3] for line in mounts if len(line.split()) >= 3]
+    except OSError:
+        return None
+    best, kind = "", None
+    for point, fstype in entries:
+        point = point.replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind if kind in PSEUDO_FILESYSTEMS else None
 
 
 def _lookup(path: Path) -> str:

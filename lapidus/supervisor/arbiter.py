@@ -171,9 +171,16 @@ class Arbiter:
 
     def _lock_state_dir(self) -> None:
         state_dir = Path(self.config.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        keep_files_private(state_dir)
-        fd = os.open(state_dir / "lapidus.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            keep_files_private(state_dir)
+            fd = os.open(state_dir / "lapidus.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            # what lapidus -t could not foresee (a disk full or read-only since, a race)
+            raise StartFailed(
+                f"state_dir = {str(state_dir)!r}: cannot create it or its lock file "
+                f"({exc.strerror or exc}); set state_dir to a directory this user may "
+                f"write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -157,3 +157,12 @@ def test_check_names_a_configured_pg_recvlogical_that_is_not_a_program(tmp_path,
     err = capsys.readouterr().err
     assert f"backends[0].pg_recvlogical: {tmp_path / 'notes.txt'} is not an executable file" \
         in err
+
+
+def test_demo_with_a_dsn_that_is_not_one_is_a_usage_error_without_a_traceback(capsys):
+    assert cli.main(["demo", "--dsn", "this is not a dsn password=s3cret"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lapidus demo: --dsn is not a PostgreSQL connection string (invalid "
+                          "dsn: ")
+    assert "give one like 'host=127.0.0.1 user=postgres'" in err
+    assert "s3cret" not in err and "Traceback" not in err

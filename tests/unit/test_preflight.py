@@ -246,3 +246,13 @@ def test_lookup_tells_missing_from_existing(tmp_path):
     assert preflight._lookup(tmp_path / "dangling") == "exists"
     assert preflight._lookup(tmp_path / "nope") == "missing"
     assert preflight._lookup(tmp_path / "f" / "under") == "missing"        # ENOTDIR
+
+
+@pytest.mark.parametrize("state_dir, kind", [("/proc/lapidus", "proc"),
+                                             ("/sys/lapidus/state", "sysfs"), ("/proc", "proc")])
+def test_state_dir_on_a_pseudo_filesystem_is_refused(state_dir, kind):
+    """root "may write" /proc and /sys by access(2), yet nothing can be created there."""
+    (problem,) = problems(config(Path(state_dir)), try_bind=False)
+    assert problem.startswith(f"state_dir: {state_dir} ")
+    assert f"on the kernel's {kind} pseudo-filesystem" in problem
+    assert problem.endswith("set state_dir to a directory on a disk")

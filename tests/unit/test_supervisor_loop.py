@@ -79,3 +79,21 @@ def test_children_are_looked_at_after_a_sigchld_not_at_every_wake_up(arbiter):
     arbiter._reap_due()
     assert all(p.looks == 1 for p in processes)
     assert gone.process is None and gone.state == State.BACKOFF
+
+
+def test_a_state_dir_that_cannot_be_made_at_start_is_a_clear_start_failure(tmp_path):
+    """What lapidus -t could not foresee (the disk changed since): no traceback, the reason
+    and the fix (the CLI prints StartFailed and exits 1)."""
+    config = parse_config({
+        "state_dir": "/proc/lapidus-state", "control": {"socket": str(tmp_path / "ctl")},
+        "backends": [{"type": "postgresql", "name": "pg", "database": "db"}]},
+        source=str(tmp_path / "lapidus.toml"), env={})
+    arb = Arbiter(config)
+    try:
+        with pytest.raises(arbiter_module.StartFailed,
+                           match=r"state_dir = '/proc/lapidus-state': cannot create it or its "
+                                 r"lock file \(.+\); set state_dir to a directory this user "
+                                 r"may write"):
+            arb._lock_state_dir()
+    finally:
+        os.rmdir(arb.socket_dir)
