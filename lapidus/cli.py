@@ -16,6 +16,7 @@ from .config import ConfigError, check_preflight, load_config
 from .sinks import registry
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = exitcodes.OK, exitcodes.RUNTIME, exitcodes.USAGE
+DEMO_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write every event to standard output as JSON lines")
     parser.add_argument("--version", action="version", version=f"lapidus {__version__}")
     demo = parser.add_argument_group("demo options")
-    demo.add_argument("--dsn", default="host=127.0.0.1 port=5432 user=postgres dbname=postgres",
-                      help="libpq connection string of the PostgreSQL to use for the demo")
+    demo.add_argument("--dsn", default=None,
+                      help="libpq connection string of the PostgreSQL to use for the demo "
+                           f"(default: '{DEMO_DSN}')")
     return parser
 
 
@@ -52,6 +54,20 @@ def load(path: Optional[str], add_stdout: bool, *, checking: bool = False):
     return config
 
 
+def usage_mismatch(args) -> Optional[str]:
+    """Options the command would silently ignore: said instead (exit 2)."""
+    if args.command == "demo":
+        given = [name for name, on in (("-c", args.config), ("-t", args.test),
+                                       ("--stdout", args.stdout)) if on]
+        if given:
+            return (f"'lapidus demo' takes no {' or '.join(given)}: it makes its own "
+                    f"configuration and writes to standard output; give only --dsn")
+    elif args.dsn is not None:
+        return ("--dsn is for 'lapidus demo'; the daemon reads its databases from the "
+                "configuration file (-c), where a backend names host, port, user and database")
+    return None
+
+
 def print_problems(error: ConfigError) -> None:
     print(f"lapidus: invalid configuration ({len(error.problems)} "
           f"problem{'s' if len(error.problems) != 1 else ''}):", file=sys.stderr)
@@ -61,9 +77,13 @@ def print_problems(error: ConfigError) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    mismatch = usage_mismatch(args)
+    if mismatch:
+        print(f"lapidus: {mismatch}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "demo":
         from .demo import run_demo
-        return run_demo(args.dsn)
+        return run_demo(args.dsn or DEMO_DSN)
     try:
         config = load(args.config, args.stdout, checking=args.test)
     except ConfigError as exc:

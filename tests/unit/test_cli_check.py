@@ -166,3 +166,14 @@ def test_demo_with_a_dsn_that_is_not_one_is_a_usage_error_without_a_traceback(ca
                           "dsn: ")
     assert "give one like 'host=127.0.0.1 user=postgres'" in err
     assert "s3cret" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-t", "--dsn", "host=x", "-c", "lapidus.toml"], "--dsn is for 'lapidus demo'"),
+    (["--dsn", "host=x"], "--dsn is for 'lapidus demo'"),
+    (["demo", "-c", "lapidus.toml"], "'lapidus demo' takes no -c"),
+    (["demo", "-t", "--stdout"], "'lapidus demo' takes no -t or --stdout")])
+def test_options_the_command_would_ignore_are_a_usage_error(argv, says, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lapidus: {says}")
