@@ -12,7 +12,9 @@ Responses: ``{"ok": true, ...}`` or ``{"ok": false, "error": "...", "code": "unk
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
 import struct
 from typing import Any, Dict, Optional
 
@@ -77,7 +79,17 @@ def request(path: str, message: Dict[str, Any], timeout: float = 10.0) -> Dict[s
     try:
         try:
             sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except ConnectionRefusedError as exc:
+            if os.path.exists(path) and not stat.S_ISSOCK(os.stat(path).st_mode):
+                raise ControlUnavailable(
+                    f"{path} is {'a directory' if os.path.isdir(path) else 'a regular file'}, "
+                    f"not a socket: give lapidus's control socket (control.socket in its "
+                    f"configuration; lapidusctl -c CONFIG finds it)") from None
+            raise ControlUnavailable(
+                f"cannot reach lapidus at {path}: {exc.strerror or exc}; is it running with this "
+                f"configuration? (start it with 'lapidus -c CONFIG' or 'systemctl start lapidus')"
+            ) from None
+        except FileNotFoundError as exc:
             raise ControlUnavailable(
                 f"cannot reach lapidus at {path}: {exc.strerror or exc}; is it running with this "
                 f"configuration? (start it with 'lapidus -c CONFIG' or 'systemctl start lapidus')"
