@@ -268,9 +268,10 @@ def dead_letters_command(args) -> int:
     except ConfigError as exc:
         print(f"lapidusctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if not any(b.name == args.backend for b in config.backends):
-        print(f'lapidusctl: no backend named "{args.backend}" in {config.source}',
-              file=sys.stderr)
+    try:
+        config.backend(args.backend)
+    except KeyError as exc:
+        print(f"lapidusctl: {exc.args[0]} in {config.source}", file=sys.stderr)
         return EXIT_REFUSED
     path = deadletters.path_for(config.state_dir, args.backend)
     rows = deadletters.entries(path)

@@ -177,3 +177,12 @@ def test_options_the_command_would_ignore_are_a_usage_error(argv, says, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"lapidus: {says}")
+
+
+def test_lapidusctl_dead_letters_of_an_unknown_backend_lists_the_configured_ones(tmp_path,
+                                                                                 capsys):
+    from lapidus import ctl
+    path = write(tmp_path, tmp_path / "state")
+    assert ctl.main(["-c", str(path), "dead-letters", "crm"]) == 1
+    assert capsys.readouterr().err == (
+        f'lapidusctl: no backend named "crm" (configured: shop) in {path}\n')
