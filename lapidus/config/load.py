@@ -28,17 +28,21 @@ def load_config(path: Union[str, os.PathLike, None] = None, *,
     :func:`parse_config` (``lapidus -t`` only; never run such a Config).
     Raises :class:`ConfigError`.
     """
-    if path is None:
-        found = [Path(name) for name in DEFAULT_FILES if Path(name).is_file()]
-        if not found:
-            raise ConfigError([f"no configuration file: neither ./{DEFAULT_FILES[0]} nor "
-                               f"./{DEFAULT_FILES[1]} exists (give one with -c PATH)"])
-        path = found[0]
-    path = Path(path)
+    path = Path(path) if path is not None else default_path()
     source = str(path.absolute())
     data = read_file(path)
     return parse_config(data, source=source, env=env, plugin_validators=plugin_validators,
                         secrets_optional=secrets_optional)
+
+
+def default_path(or_else: str = "") -> Path:
+    """``./lapidus.toml``, else ``./lapidus.json``; a ConfigError saying what to give
+    instead (``-c PATH``, and ``or_else``) when neither exists."""
+    for name in DEFAULT_FILES:
+        if Path(name).is_file():
+            return Path(name)
+    raise ConfigError([f"no configuration file: neither ./{DEFAULT_FILES[0]} nor "
+                       f"./{DEFAULT_FILES[1]} exists (give one with -c PATH{or_else})"])
 
 
 def control_socket_for(path: Union[str, os.PathLike, None] = None, *,
@@ -53,8 +57,7 @@ def control_socket_for(path: Union[str, os.PathLike, None] = None, *,
     Raises :class:`ConfigError`.
     """
     if path is None:
-        found = [Path(name) for name in DEFAULT_FILES if Path(name).is_file()]
-        path = found[0] if found else Path(DEFAULT_FILES[0])
+        path = default_path(" or the control socket with --socket PATH")
     source = str(Path(path).absolute())
     data = read_file(Path(path))
     minimal = {key: data[key] for key in ("state_dir", "control") if key in data}

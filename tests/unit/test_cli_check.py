@@ -186,3 +186,13 @@ def test_lapidusctl_dead_letters_of_an_unknown_backend_lists_the_configured_ones
     assert ctl.main(["-c", str(path), "dead-letters", "crm"]) == 1
     assert capsys.readouterr().err == (
         f'lapidusctl: no backend named "crm" (configured: shop) in {path}\n')
+
+
+def test_lapidusctl_without_a_configuration_here_suggests_c_and_socket(tmp_path, capsys,
+                                                                       monkeypatch):
+    from lapidus import ctl
+    monkeypatch.chdir(tmp_path)
+    assert ctl.main(["status"]) == 2
+    assert capsys.readouterr().err == (
+        "lapidusctl: no configuration file: neither ./lapidus.toml nor ./lapidus.json exists "
+        "(give one with -c PATH or the control socket with --socket PATH)\n")
