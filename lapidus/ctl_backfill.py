@@ -7,8 +7,8 @@ condition and runs it.  So this command follows the backend's status (``snapshot
 (started, queued behind another run, or refused); with ``--wait`` until the run is done,
 showing rows, rate and ETA (a bar on a terminal, one line a second otherwise).
 
-Exit codes: 0 queued/started (done with ``--wait``), 1 cancelled while waited for,
-2 usage, unknown backend or a table/condition the worker refused, 3 no Lapidus answers,
+Exit codes: 0 queued/started (done with ``--wait``), 1 an unknown backend or cancelled while
+waited for, 2 usage or a table/condition the worker refused, 3 no Lapidus answers,
 130 Ctrl-C while following (the backfill goes on).
 """
 
@@ -55,8 +55,9 @@ def backfill_command(args, socket_path) -> int:
         response = request(path, message)
         if not response.get("ok"):
             print(f"lapidusctl: {response.get('error', 'refused')}", file=sys.stderr)
-            unknown = response.get("code") in ("unknown_backend", "bad_request")
-            return exitcodes.USAGE if unknown else exitcodes.REFUSED
+            # an unknown backend is refused (1), as for restart, stop and start
+            return exitcodes.USAGE if response.get("code") == "bad_request" \
+                else exitcodes.REFUSED
         if args.cancel:
             gone = response.get("cancelled") or []
             for r in gone:

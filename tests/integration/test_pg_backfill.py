@@ -73,13 +73,13 @@ def test_where_reads_only_the_matching_rows_and_backfills_queue(pg_db, lapidus_f
     assert last_read_of_1 < first_read_of_2                # one run at a time, in order
 
 
-def test_unknown_backends_tables_and_bad_conditions_are_refused_with_exit_2(
+def test_unknown_tables_and_bad_conditions_are_exit_2_an_unknown_backend_exit_1(
         pg_db, lapidus_factory):
     make_table(pg_db, 10)
     pg_db.sql("CREATE TABLE loose (x int)", "ALTER TABLE loose REPLICA IDENTITY FULL")
     proc = streaming(lapidus_factory, pg_db)
     code, _, err = ctl(proc.config_path, "backfill", "nosuch", "t")
-    assert code == 2 and 'unknown backend "nosuch"' in err
+    assert code == 1 and 'unknown backend "nosuch"' in err    # as restart/stop/start
     code, _, err = ctl(proc.config_path, "backfill", "pg", "nosuch")
     assert code == 2 and 'backfill of "nosuch": not a table this backend streams' in err
     assert "public.t" in err                               # it lists what there is
