@@ -159,8 +159,12 @@ def bucket_checkpoint(urls, backend: str) -> dict:
     return _js(urls, read)
 
 
-def beyond(checkpoint: dict, event_id: str) -> bool:
-    """The event is not covered by ``checkpoint`` (a PostgreSQL worker's position)."""
+def beyond(checkpoint: Optional[dict], event_id: str) -> bool:
+    """The event is not covered by ``checkpoint`` (a PostgreSQL worker's position; None while
+    the worker has saved none yet, as on a busy host right after its start: it covers
+    nothing)."""
+    if checkpoint is None:
+        return True
     lsn, index = lsn_of(event_id)
     tx = checkpoint.get("tx")
     if tx and lsn == tx["lsn"]:
