@@ -92,9 +92,34 @@ def test_an_unverified_certificate_is_a_settings_error_other_failures_are_retrie
     assert untrusted.kind == answers.UNTRUSTED and "tls_ca_file" in untrusted.fix
     assert "certificate verify failed" in untrusted.reason
     refused = answers.transport_failure(ConnectionRefusedError(111, "Connection refused"), 30)
-    assert refused.kind == answers.RETRY and refused.fix == ""
+    assert refused.kind == answers.RETRY and refused.fix == answers.REACH_FIX
+    handshake = answers.transport_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong "
+                                                          "version number"), 30)
+    assert handshake.kind == answers.RETRY and handshake.fix == answers.TLS_FIX
     timeout = answers.transport_failure(asyncio.TimeoutError(), 30.0)
     assert timeout.kind == answers.RETRY and "30 s" in timeout.reason
+
+
+@pytest.fixture
+def unused_tcp_port():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_refused_plain_http_url_is_told_to_check_the_receiver_not_tls(unused_tcp_port):
+    """aiohttp names "ssl:default" in every connection error, http:// too: not a TLS hint."""
+    import aiohttp
+
+    async def post():
+        async with aiohttp.ClientSession() as session:
+            await session.post(f"http://127.0.0.1:{unused_tcp_port}/", data=b"{}")
+    with pytest.raises(aiohttp.ClientConnectorError) as info:
+        asyncio.run(post())
+    verdict = answers.transport_failure(info.value, 30.0)
+    assert "ssl:default" in verdict.reason
+    assert verdict.fix == answers.REACH_FIX and "tls_ca_file" not in verdict.fix
 
 
 def test_retry_after_in_seconds_or_as_a_date():

@@ -34,6 +34,8 @@ CREDENTIALS_FIX = ("check user:password in the url, or the Authorization value i
 REDIRECT_FIX = "set url to the address the server redirects to"
 TLS_FIX = ("set tls_ca_file to the CA that signed the server's certificate (and make the url's "
            "host one the certificate names), or use http:// for a server without TLS")
+REACH_FIX = ("check that the webhook's receiver runs and that the url's host and port are "
+             "right; the backend waits meanwhile and loses nothing")
 REFUSED_FIX = ("see why the receiver refuses that event (its answer is quoted above); or set "
                "on_undeliverable = \"dead_letter\" to move it aside and stream on")
 
@@ -90,5 +92,18 @@ def transport_failure(error: BaseException, timeout: float) -> Verdict:
     if "certificate verify failed" in lowered:
         return Verdict(UNTRUSTED, f"the webhook's TLS certificate does not verify: {text}",
                        TLS_FIX)
-    fix = TLS_FIX if "certificate" in lowered or "ssl" in lowered else ""
+    cause = getattr(error, "os_error", None) or error      # aiohttp's connector errors
+    if isinstance(cause, ConnectionError) or (isinstance(cause, OSError)
+                                              and not _is_tls_error(error, cause)):
+        # refused, reset, no route: nothing TLS can fix (aiohttp names "ssl:default" in the
+        # text of every connection error, plain http:// too)
+        fix = REACH_FIX
+    else:
+        fix = TLS_FIX if _is_tls_error(error, cause) or "certificate" in lowered else ""
     return Verdict(RETRY, f"cannot reach the webhook: {type(error).__name__}: {text}", fix)
+
+
+def _is_tls_error(error: BaseException, cause: BaseException) -> bool:
+    import ssl
+    return isinstance(cause, ssl.SSLError) or isinstance(error, ssl.SSLError) \
+        or "SSL" in type(error).__name__
