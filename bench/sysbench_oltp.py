@@ -47,7 +47,7 @@ import orjson  # noqa: E402
 import latency as lat  # noqa: E402
 from mysql_drain import connect as mysql_connect, query  # noqa: E402
 from pg_drain import connect as pg_connect, sql  # noqa: E402
-from txcost import lapidus_cpu, server_cpu  # noqa: E402
+from txcost import lapidus_cpu, server_cpu, start_lapidus  # noqa: E402
 
 DB = "lapidus_bench_sysbench"
 SLOT = "sysbench_lapidus"
@@ -250,14 +250,8 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path,
     stream = f"LATBENCH_{uuid.uuid4().hex[:8].upper()}" if sink == "jetstream" else None
     if stream:
         lat.create_stream(stream)
-    argv = [sys.executable, "-m", "lapidus", "-c", str(config(tmp, db, sink, stream))]
-    if sink == "stdout":
-        argv.append("--stdout")
-    # another checkout's code: from its directory (``-m`` puts that first on the path)
-    env = dict(os.environ, PYTHONPATH=code) if code else None
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE if sink == "stdout" else
-                            subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env, cwd=code,
-                            stderr=open(tmp / "lapidus.log", "ab"), start_new_session=True)
+    proc = start_lapidus(config(tmp, db, sink, stream), tmp / "lapidus.log",
+                         to_stdout=sink == "stdout", code=code)
     fold = Fold()
     try:
         if sink == "stdout":
@@ -282,7 +276,8 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path,
     transactions = int(TRANSACTIONS.search(run.stdout).group(1))
     lapidus = sum(cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1)
     server = server1 - server0
-    return {"db": db, "sink": sink, "code": code or "this checkout", "window_s": t1 - t0, "transactions": transactions,
+    return {"db": db, "sink": sink, "code": code or "this checkout", "window_s": t1 - t0,
+            "transactions": transactions,
             "tps": transactions / (t1 - t0),
             "lapidus_cpu_s": {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1},
             "lapidus_cpu_total_s": lapidus, "server_cpu_s": server,
@@ -292,8 +287,9 @@ def run_one(sysbench: str, db: str, sink: str, args, tmp: Path,
 
 def report(r: dict) -> None:
     fold = r["fold"]
-    print(f"[{r['code']}] {r['db']:7} {r['sink']:9} {r['tps']:.0f} tps: Lapidus {r['lapidus_cpu_total_s']:.2f} "
-          f"CPU-s, server {r['server_cpu_s']:.2f} CPU-s, ratio {r['ratio']:.3f}; "
+    print(f"[{r['code']}] {r['db']:7} {r['sink']:9} {r['tps']:.0f} tps: Lapidus "
+          f"{r['lapidus_cpu_total_s']:.2f} CPU-s, server {r['server_cpu_s']:.2f} CPU-s, "
+          f"ratio {r['ratio']:.3f}; "
           f"{r['lapidus_us_per_tx']:.0f} µs/tx; fold {fold}", flush=True)
 
 

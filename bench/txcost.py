@@ -136,6 +136,20 @@ def lapidus_cpu(proc: subprocess.Popen) -> Dict[str, float]:
     return out
 
 
+def start_lapidus(config: Path, log: Path, *, to_stdout: bool,
+                  code: str | None = None) -> subprocess.Popen:
+    """``lapidus -c config`` (``--stdout`` with ``to_stdout``, its standard output a pipe),
+    logging to ``log``; ``code``: another checkout's directory, whose Lapidus runs instead
+    (from that directory: ``-m`` puts the working directory first on the path)."""
+    argv = [sys.executable, "-m", "lapidus", "-c", str(config)]
+    if to_stdout:
+        argv.append("--stdout")
+    env = dict(os.environ, PYTHONPATH=code) if code else None
+    return subprocess.Popen(argv, stdout=subprocess.PIPE if to_stdout else subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, env=env, cwd=code,
+                            stderr=open(log, "ab"), start_new_session=True)
+
+
 def run_one(backend: str, sink: str, rate: float, duration: float, first_id: int,
             tmp: Path, linger: float | None = None, code: str | None = None) -> dict:
     lat.setup_databases([backend])
@@ -143,14 +157,7 @@ def run_one(backend: str, sink: str, rate: float, duration: float, first_id: int
     if stream:
         lat.create_stream(stream)
     path = config(tmp, backend, sink, stream, linger)
-    argv = [sys.executable, "-m", "lapidus", "-c", str(path)]
-    if sink == "stdout":
-        argv.append("--stdout")
-    env = dict(os.environ, PYTHONPATH=code) if code else None
-    # run from the code's directory: ``-m`` puts the working directory first on the path
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE if sink == "stdout" else
-                            subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env, cwd=code,
-                            stderr=open(tmp / "lapidus.log", "ab"), start_new_session=True)
+    proc = start_lapidus(path, tmp / "lapidus.log", to_stdout=sink == "stdout", code=code)
     subscriber = reader = None
     try:
         if sink == "stdout":
@@ -195,7 +202,8 @@ def run_one(backend: str, sink: str, rate: float, duration: float, first_id: int
     for key in ("curve", "throughput", "_raw"):
         result.pop(key, None)
     result.update(
-        backend=backend, sink=sink, rate=rate, linger=linger, code=code or "this checkout", commits=commits, window_s=t1 - t0,
+        backend=backend, sink=sink, rate=rate, linger=linger, code=code or "this checkout",
+        commits=commits, window_s=t1 - t0,
         us_per_tx={k: v / commits * 1e6 for k, v in per_process.items()},
         lapidus_us_per_tx=lapidus_total / commits * 1e6,
         lapidus_cores=lapidus_total / (t1 - t0),

@@ -50,9 +50,10 @@ from tests.integration.mysql_fixtures import (DATABASE, lapidus_backend,  # noqa
 from tests.integration.sink_loads import (check_rows, expected_count, finish,  # noqa: E402
                                           mariadb_load, mariadb_table)
 
-# One cluster test at a time (each runs three nats-servers and several nodes), beside
-# the other tests: pytest-xdist's loadgroup gives the group one worker (scripts/run-tests)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]
+# serial: lease renewals, hand-overs and takeovers are timed against lease_ttl; beside
+# the other tests' load a hand-over became a takeover (three nats-servers and several
+# nodes each)
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 LEASE_TTL = 4.0
 ROWS = 6000

@@ -47,9 +47,10 @@ from tests.integration.test_cluster import (LEASE_TTL, ROWS, _js,  # noqa: F401
                                             nodes, owner_of, stream_events, wait_stream)
 from tests.integration.test_pg_snapshot import Writer, make_table, table_content
 
-# One cluster test at a time (each runs three nats-servers and several nodes), beside
-# the other tests: pytest-xdist's loadgroup gives the group one worker (scripts/run-tests)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]
+# serial: lease renewals, hand-overs and takeovers are timed against lease_ttl; beside
+# the other tests' load a hand-over became a takeover (three nats-servers and several
+# nodes each)
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 # -- helpers -----------------------------------------------------------------------------------
