@@ -129,9 +129,8 @@ def lapidus_cpu(proc: subprocess.Popen) -> Dict[str, float]:
             t = p.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        kind = "worker" if name.startswith("worker ") else name
-        if name.startswith("worker forker") or "forker" in name:
-            kind = "fork server"
+        kind = "fork server" if name == "worker forker" else \
+            "worker" if name.startswith("worker ") else name
         out[kind] = out.get(kind, 0.0) + t.user + t.system
     return out
 

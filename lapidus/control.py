@@ -80,9 +80,13 @@ def request(path: str, message: Dict[str, Any], timeout: float = 10.0) -> Dict[s
         try:
             sock.connect(path)
         except ConnectionRefusedError as exc:
-            if os.path.exists(path) and not stat.S_ISSOCK(os.stat(path).st_mode):
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                mode = stat.S_IFSOCK        # gone meanwhile: as refused
+            if not stat.S_ISSOCK(mode):
                 raise ControlUnavailable(
-                    f"{path} is {'a directory' if os.path.isdir(path) else 'a regular file'}, "
+                    f"{path} is {'a directory' if stat.S_ISDIR(mode) else 'a regular file'}, "
                     f"not a socket: give lapidus's control socket (control.socket in its "
                     f"configuration; lapidusctl -c CONFIG finds it)") from None
             raise ControlUnavailable(

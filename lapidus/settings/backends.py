@@ -17,6 +17,10 @@ from .setting import UNSET, Derived, Setting
 PG, MY, MONGO = ("postgresql",), ("mysql",), ("mongo",)
 SQL = ("postgresql", "mysql")
 
+#: seconds; ``batch_linger``'s default (the worker loop's fallback too): the most latency the
+#: grouping adds; docs/operations.md, docs/dev/benchmarks.md (Cost per transaction)
+BATCH_LINGER = 0.003
+
 BACKEND_COMMON: Tuple[Setting, ...] = (
     Setting("name", Pattern(NAME_RE, 'a name of 1 to 64 letters, digits, "_" or "-"',
                             "name"),
@@ -37,7 +41,7 @@ BACKEND_COMMON: Tuple[Setting, ...] = (
             "the worker waits before it reads again, so that the transactions committed "
             "meanwhile go out as one batch (one delivery, one acknowledgement) instead of one "
             "each: the most latency this adds to an event, and what makes a busy stream of "
-            "small transactions cheap. `0`: every read goes out at once.", 0.003),
+            "small transactions cheap. `0`: every read goes out at once.", BATCH_LINGER),
     Setting("max_inflight_batches", Int(1), "Batches sent but not yet confirmed by the "
             "sinks before the worker stops reading (backpressure).", 8),
     Setting("on_undeliverable", Choice("hold", "dead_letter"), "An event a sink refuses for "

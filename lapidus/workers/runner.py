@@ -33,6 +33,7 @@ from ..cluster.protocol import CheckpointUnavailable, LeaseLost
 from ..events import batch_fields
 from ..sink_runs import END
 from ..procutil import die_with_parent, run_profiled, set_process_name, tune_gc_for_throughput
+from ..settings.backends import BATCH_LINGER
 from ..transport import DispatcherLink, LinkLost
 from .base import BackendError, Batch, Source
 from .snapshot.backfills import Backfills
@@ -57,11 +58,6 @@ QUIET_REPORT_EVERY = 10.0
 # cost next to no CPU.
 READ_WAIT_BUSY = 0.2
 READ_WAIT_IDLE = STATUS_EVERY
-# Default of the backend setting ``batch_linger`` (seconds): how long after a read that found
-# events the next read waits, so that the transactions committed meanwhile go out as one batch.
-# The most latency it adds to an event; docs/operations.md, docs/dev/benchmarks.md (Cost per
-# transaction).
-BATCH_LINGER = 0.003
 DRAIN_SECONDS = 7.0   # longest wait for the acks of what is in flight (stop, reconnect)
 LINK_LOST_GRACE = 1.0  # seconds a worker that lost its dispatcher waits for a stop signal
 
